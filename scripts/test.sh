@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The project's test command (.ci/run calls exactly this):
+#   1. installs what it needs (scripts/deps.sh, idempotent),
+#   2. checks formatting and lints (cargo fmt, cargo clippy -D warnings),
+#   3. runs `cargo test` on the host,
+#   4. checks scripts/install.sh and the installed files,
+#   5. runs the RDMA suites inside the Soft-RoCE VM (scripts/rdma-vm.sh); they fail without it.
+# The last line is the summary over every suite: "summary: N passed, M failed".
+set -uo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+command -v cargo >/dev/null || . "$HOME/.cargo/env"
+logs="$repo/target/test-logs"
+mkdir -p "$logs"
+rm -f "$logs"/*.log
+failed_steps=()
+
+step() { # step NAME CMD...: run, tee into target/test-logs/NAME.log, remember failure
+  local name="$1"
+  shift
+  echo "==> $name: $*"
+  if ! "$@" 2>&1 | tee "$logs/$name.log"; then
+    failed_steps+=("$name")
+    echo "==> $name FAILED"
+  fi
+}
+
+# VM-only suites ([[test]] ... test = false in Cargo.toml).
+rdma_suites=(rdma_devices)
+
+check_install() {
+  local prefix="$repo/target/install-check"
+  rm -rf "$prefix"
+  scripts/install.sh "$prefix" &&
+    [ -f "$prefix/lib/libnccl-net-rsib.so" ] && [ ! -L "$prefix/lib/libnccl-net-rsib.so" ] &&
+    [ -f "$prefix/lib/libnccl-net.so" ] && [ ! -L "$prefix/lib/libnccl-net.so" ] &&
+    nm -D --defined-only "$prefix/lib/libnccl-net-rsib.so" | grep -q ' ncclNetPlugin_v8$' &&
+    echo "install check: both files present, real files, exporting ncclNetPlugin_v8"
+}
+
+build_rdma_suites() {
+  local args=()
+  for s in "${rdma_suites[@]}"; do args+=(--test "$s"); done
+  cargo test --no-run "${args[@]}" --message-format=json-render-diagnostics |
+    grep -o '"executable":"[^"]*"' | cut -d'"' -f4 >"$logs/rdma-binaries.txt" &&
+    [ -s "$logs/rdma-binaries.txt" ] && cat "$logs/rdma-binaries.txt"
+}
+
+step deps scripts/deps.sh build vm
+step fmt cargo fmt --check
+step clippy cargo clippy --all-targets --locked -- -D warnings
+step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked
+step host-tests cargo test --locked
+step install check_install
+step rdma-build build_rdma_suites
+if [ -s "$logs/rdma-binaries.txt" ]; then
+  mapfile -t rdma_binaries <"$logs/rdma-binaries.txt"
+  step rdma-vm-tests scripts/rdma-vm.sh scripts/vm-tests.sh "${rdma_binaries[@]}"
+else
+  failed_steps+=(rdma-vm-tests)
+fi
+
+passed=0 failed=0
+while read -r p f; do
+  passed=$((passed + p)) failed=$((failed + f))
+done < <(cat "$logs"/host-tests.log "$logs"/rdma-vm-tests.log 2>/dev/null |
+  sed -n 's/.*test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p')
+echo
+for s in "${failed_steps[@]}"; do echo "failed step: $s (see target/test-logs/$s.log)"; done
+failed=$((failed + ${#failed_steps[@]}))
+echo "summary: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

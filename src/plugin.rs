@@ -1,0 +1,214 @@
+//! Process-wide plugin state: configuration and the device table, built once by the first
+//! `init` and read by every later call from any NCCL thread.
+
+use std::ffi::CString;
+use std::sync::OnceLock;
+
+use crate::core::config::Config;
+use crate::core::error::{Error, Result};
+use crate::log::{self, INIT_TARGET};
+use crate::topology::{HcaFilter, NetDevice, Selection, SysfsRoot, select_devices};
+use crate::verbs::{self, Discovery};
+
+/// Name NCCL shows and matches against `NCCL_NET` (case-insensitively).
+pub const PLUGIN_NAME: &str = "RsIB";
+
+/// Largest `n` accepted by a grouped `irecv` (NCCL's own IB transport uses 8).
+pub const MAX_GROUPED_RECVS: u32 = 8;
+
+/// Which memory the devices can register.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct MemorySupport {
+    /// Host memory.
+    pub host: bool,
+    /// CUDA memory through a peer-memory module.
+    pub cuda: bool,
+    /// CUDA memory through DMA-BUF.
+    pub dmabuf: bool,
+}
+
+/// One NCCL device with the C strings its properties point at (they live as long as the process,
+/// as NCCL requires).
+#[derive(Debug)]
+pub struct Device {
+    /// What topology chose.
+    pub net: NetDevice,
+    /// `name` as a C string.
+    pub c_name: CString,
+    /// `pciPath` as a C string; `None` reports NULL.
+    pub c_pci_path: Option<CString>,
+    /// Memory this device can register.
+    pub memory: MemorySupport,
+}
+
+/// The initialised plugin.
+#[derive(Debug)]
+pub struct Plugin {
+    config: Config,
+    devices: Vec<Device>,
+}
+
+static PLUGIN: OnceLock<Plugin> = OnceLock::new();
+
+impl Plugin {
+    /// Initialise once per process from the environment; later calls return the same plugin
+    /// (NCCL may call `init` again, and may dlclose and reopen the library).
+    pub fn init() -> &'static Self {
+        PLUGIN.get_or_init(|| {
+            let config = Config::from_vars(std::env::vars());
+            log::set_filter(&config.log_directive);
+            let plugin = Self::discover(config, &SysfsRoot::default());
+            plugin.log_banner();
+            plugin
+        })
+    }
+
+    /// The plugin, if `init` has run.
+    ///
+    /// # Errors
+    /// `Misuse` when NCCL calls an entry point before `init`.
+    pub fn get() -> Result<&'static Self> {
+        PLUGIN
+            .get()
+            .ok_or_else(|| Error::misuse("called before init"))
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The devices NCCL sees, in index order.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// Device `index`.
+    ///
+    /// # Errors
+    /// `Misuse` for an index NCCL was never given.
+    pub fn device(&self, index: i32) -> Result<&Device> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+            .ok_or_else(|| {
+                Error::misuse(format!(
+                    "device {index} does not exist ({} devices)",
+                    self.devices.len()
+                ))
+            })
+    }
+
+    fn discover(config: Config, sysfs: &SysfsRoot) -> Self {
+        let devices = match Self::select(&config, sysfs) {
+            Ok(selection) => selection.devices.into_iter().map(Device::new).collect(),
+            Err(why) => {
+                tracing::warn!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: 0 devices: {why}");
+                Vec::new()
+            }
+        };
+        Self { config, devices }
+    }
+
+    /// Discover and select; `Err` carries the one line that explains an empty device list.
+    fn select(config: &Config, sysfs: &SysfsRoot) -> std::result::Result<Selection, String> {
+        let filter = match config.ib_hca.as_deref().map(HcaFilter::parse).transpose() {
+            Ok(f) => f,
+            Err(e) => return Err(e.to_string()),
+        };
+        let discovery = verbs::discover_ports().map_err(|e| explain_discovery_failure(&e))?;
+        for problem in &discovery.problems {
+            tracing::warn!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: {problem}");
+        }
+        let selection = select_devices(&discovery.ports, filter.as_ref(), sysfs);
+        if selection.devices.is_empty() {
+            return Err(explain_empty_selection(
+                &discovery,
+                &selection,
+                filter.as_ref(),
+            ));
+        }
+        if !selection.skipped.is_empty() {
+            tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: not used: {}", selection.skipped.join("; "));
+        }
+        Ok(selection)
+    }
+
+    fn log_banner(&self) {
+        if self.devices.is_empty() {
+            return;
+        }
+        let list: Vec<String> = self
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let n = &d.net;
+                format!(
+                    "[{i}]{}:{}/{} {}Mbps",
+                    n.device, n.port, n.link_layer, n.speed_mbps
+                )
+            })
+            .collect();
+        tracing::info!(
+            target: INIT_TARGET,
+            "NET/{PLUGIN_NAME} {} {} (ncclNet v8): using {}; GPUDirect RDMA: not probed, host memory only",
+            env!("CARGO_PKG_NAME"),
+            env!("CARGO_PKG_VERSION"),
+            list.join(" ")
+        );
+    }
+}
+
+impl Device {
+    fn new(net: NetDevice) -> Self {
+        // Device names and sysfs paths never contain NUL; a name that did would be unusable anyway.
+        let c_name = CString::new(net.name.clone()).unwrap_or_default();
+        let c_pci_path = net
+            .pci_path
+            .as_ref()
+            .and_then(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok());
+        let memory = MemorySupport {
+            host: true,
+            cuda: false,
+            dmabuf: false,
+        };
+        Self {
+            net,
+            c_name,
+            c_pci_path,
+            memory,
+        }
+    }
+}
+
+fn explain_discovery_failure(error: &Error) -> String {
+    let hint = match error.os_error().and_then(std::io::Error::raw_os_error) {
+        Some(libc::ENOSYS) => {
+            "; this kernel has no RDMA support (no /sys/class/infiniband): load the NIC's RDMA \
+             driver (mlx5_ib), or rdma_rxe for Soft-RoCE"
+        }
+        _ => "",
+    };
+    format!("no RDMA devices: {error}{hint}")
+}
+
+fn explain_empty_selection(
+    discovery: &Discovery,
+    selection: &Selection,
+    filter: Option<&HcaFilter>,
+) -> String {
+    if discovery.device_count == 0 {
+        return "no RDMA devices: libibverbs found none (check `ibv_devices`, the RDMA driver, and \
+                that the provider package, e.g. ibverbs-providers, is installed)"
+            .to_owned();
+    }
+    let ports = selection.skipped.join("; ");
+    match filter {
+        Some(f) => format!(
+            "NCCL_IB_HCA='{}' matches no active port ({ports})",
+            f.as_str()
+        ),
+        None => format!("no active IB/RoCE port ({ports})"),
+    }
+}

@@ -1,0 +1,17 @@
+//! What the machine has and which of it the plugin uses: sysfs reads through an injectable root,
+//! the `NCCL_IB_HCA` filter, link speed decoding, and the choice of devices NCCL will see.
+//!
+//! Verbs query results come in as plain values ([`HcaPort`]); everything here is pure or reads
+//! files under a [`SysfsRoot`], so it is tested on the host with fixture trees.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod hca_filter;
+mod link;
+mod select;
+mod sysfs;
+
+pub use hca_filter::HcaFilter;
+pub use link::{LinkLayer, link_speed_mbps};
+pub use select::{HcaPort, NetDevice, Selection, select_devices};
+pub use sysfs::SysfsRoot;

@@ -1,0 +1,64 @@
+//! The one place that joins sysfs paths. Tests point it at a fixture tree.
+
+use std::path::{Path, PathBuf};
+
+/// Root of a sysfs tree: `/sys` on a real machine, a fixture directory in tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SysfsRoot(PathBuf);
+
+impl Default for SysfsRoot {
+    fn default() -> Self {
+        Self(PathBuf::from("/sys"))
+    }
+}
+
+impl SysfsRoot {
+    /// A tree rooted at `root` (the directory that holds `class/`, `bus/`, `devices/`).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self(root.into())
+    }
+
+    /// The root directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// `class/infiniband/<device>`: the RDMA device's own directory.
+    fn ib_device_dir(&self, device: &str) -> PathBuf {
+        self.0.join("class").join("infiniband").join(device)
+    }
+
+    /// Realpath of the RDMA device's parent (PCI) device directory, as NCCL reports `pciPath`.
+    /// `None` for devices without a parent, such as Soft-RoCE (`rxe`).
+    pub fn ib_device_pci_path(&self, device: &str) -> Option<PathBuf> {
+        self.ib_device_dir(device)
+            .join("device")
+            .canonicalize()
+            .ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    #[test]
+    fn pci_path_follows_the_device_link_and_is_none_without_one() {
+        let dir = std::env::temp_dir().join(format!("sysfs-root-{}", std::process::id()));
+        let pci = dir.join("devices/pci0000:00/0000:00:02.0/0000:0b:00.0");
+        fs::create_dir_all(&pci).unwrap();
+        fs::create_dir_all(dir.join("class/infiniband/mlx5_0")).unwrap();
+        fs::create_dir_all(dir.join("class/infiniband/rxe0")).unwrap();
+        std::os::unix::fs::symlink(&pci, dir.join("class/infiniband/mlx5_0/device")).unwrap();
+
+        let root = SysfsRoot::new(&dir);
+        assert_eq!(
+            root.ib_device_pci_path("mlx5_0"),
+            Some(pci.canonicalize().unwrap())
+        );
+        assert_eq!(root.ib_device_pci_path("rxe0"), None);
+        assert_eq!(root.ib_device_pci_path("absent"), None);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,207 @@
+//! Device enumeration and queries: `ibv_get_device_list`, `ibv_open_device`, `ibv_query_device`,
+//! `ibv_query_port`.
+
+use std::ffi::CStr;
+use std::io;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+
+use rdma_sys as sys;
+
+use crate::core::error::{Error, Result};
+use crate::topology::{HcaPort, LinkLayer};
+
+/// Every port of every RDMA device libibverbs knows, plus what could not be queried.
+#[derive(Debug, Default)]
+pub struct Discovery {
+    /// All ports, active or not; the topology layer decides which to use.
+    pub ports: Vec<HcaPort>,
+    /// Devices seen by libibverbs (even those whose ports could not be queried).
+    pub device_count: usize,
+    /// One line per device or port that failed to answer a query.
+    pub problems: Vec<String>,
+}
+
+/// Enumerate every port of every RDMA device.
+///
+/// # Errors
+/// `ibv_get_device_list` failing, e.g. `ENOSYS` on a kernel without RDMA support.
+pub fn discover_ports() -> Result<Discovery> {
+    let list = DeviceList::new().map_err(|e| Error::system("ibv_get_device_list failed", e))?;
+    let mut discovery = Discovery {
+        device_count: list.len(),
+        ..Discovery::default()
+    };
+    for index in 0..list.len() {
+        let name = list.name(index);
+        let context = match list.open(index) {
+            Ok(c) => c,
+            Err(e) => {
+                discovery
+                    .problems
+                    .push(format!("{name}: ibv_open_device failed: {e}"));
+                continue;
+            }
+        };
+        let attr = match context.query_device() {
+            Ok(a) => a,
+            Err(e) => {
+                discovery
+                    .problems
+                    .push(format!("{name}: ibv_query_device failed: {e}"));
+                continue;
+            }
+        };
+        for port in 1..=u32::from(attr.phys_port_cnt) {
+            match context.query_port(port) {
+                Ok(p) => discovery.ports.push(HcaPort {
+                    device: name.clone(),
+                    port,
+                    state: p.state,
+                    link_layer: LinkLayer::from_code(p.link_layer),
+                    active_speed: u32::from(p.active_speed),
+                    active_width: p.active_width,
+                    sys_image_guid: u64::from_be(attr.sys_image_guid),
+                    max_qp: u32::try_from(attr.max_qp).unwrap_or(0),
+                }),
+                Err(e) => discovery
+                    .problems
+                    .push(format!("{name}:{port}: ibv_query_port failed: {e}")),
+            }
+        }
+    }
+    Ok(discovery)
+}
+
+/// The array `ibv_get_device_list` returns; freed on drop.
+struct DeviceList {
+    raw: NonNull<*mut sys::ibv_device>,
+    len: usize,
+}
+
+impl DeviceList {
+    fn new() -> io::Result<Self> {
+        let mut n: i32 = 0;
+        // SAFETY: `n` is a valid out-pointer; the call has no other precondition.
+        let raw = unsafe { sys::ibv_get_device_list(&mut n) };
+        let raw = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
+        Ok(Self {
+            raw,
+            len: usize::try_from(n).unwrap_or(0),
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn device(&self, index: usize) -> *mut sys::ibv_device {
+        assert!(index < self.len, "device index {index} out of range");
+        // SAFETY: the list holds `len` valid device pointers followed by NULL; `index < len`.
+        let slot = unsafe { self.raw.as_ptr().add(index) };
+        // SAFETY: `slot` points at an initialised entry of the live list (see above).
+        unsafe { *slot }
+    }
+
+    fn name(&self, index: usize) -> String {
+        // SAFETY: `device` is a live entry of the list; libibverbs returns a NUL-terminated name
+        // owned by the device, valid while the list is.
+        let name = unsafe { sys::ibv_get_device_name(self.device(index)) };
+        if name.is_null() {
+            return format!("device{index}");
+        }
+        // SAFETY: non-NULL, NUL-terminated and alive for this borrow (see above).
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Open a device; the context stays valid after the list is freed (libibverbs keeps a
+    /// reference on opened devices).
+    fn open(&self, index: usize) -> io::Result<Context> {
+        // SAFETY: the device pointer comes from this live list.
+        let raw = unsafe { sys::ibv_open_device(self.device(index)) };
+        NonNull::new(raw)
+            .map(|raw| Context { raw })
+            .ok_or_else(io::Error::last_os_error)
+    }
+}
+
+impl Drop for DeviceList {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `ibv_get_device_list` and is freed exactly once.
+        unsafe { sys::ibv_free_device_list(self.raw.as_ptr()) };
+    }
+}
+
+/// An open device (`ibv_context`); closed on drop.
+struct Context {
+    raw: NonNull<sys::ibv_context>,
+}
+
+/// The fields of `ibv_device_attr` discovery needs.
+struct DeviceAttr {
+    sys_image_guid: u64,
+    max_qp: i32,
+    phys_port_cnt: u8,
+}
+
+/// The fields of `ibv_port_attr` discovery needs.
+struct PortAttr {
+    state: u32,
+    link_layer: u8,
+    active_speed: u8,
+    active_width: u8,
+}
+
+impl Context {
+    fn query_device(&self) -> io::Result<DeviceAttr> {
+        let mut attr = MaybeUninit::<sys::ibv_device_attr>::zeroed();
+        // SAFETY: `raw` is an open context and `attr` points at writable storage of the right type.
+        let rc = unsafe { sys::ibv_query_device(self.raw.as_ptr(), attr.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        // SAFETY: zero-initialised plain C data that the call filled in.
+        let attr = unsafe { attr.assume_init() };
+        Ok(DeviceAttr {
+            sys_image_guid: attr.sys_image_guid,
+            max_qp: attr.max_qp,
+            phys_port_cnt: attr.phys_port_cnt,
+        })
+    }
+
+    fn query_port(&self, port: u32) -> io::Result<PortAttr> {
+        let port_num =
+            u8::try_from(port).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // Zeroed first: the compatibility path of ___ibv_query_port does not clear the struct
+        // (rust-stack.md §1.1).
+        let mut attr = MaybeUninit::<sys::ibv_port_attr>::zeroed();
+        // SAFETY: `raw` is an open context and `attr` points at a zeroed `ibv_port_attr`.
+        let rc = unsafe { sys::___ibv_query_port(self.raw.as_ptr(), port_num, attr.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        // SAFETY: zero-initialised plain C data that the call filled in.
+        let attr = unsafe { attr.assume_init() };
+        Ok(PortAttr {
+            state: attr.state,
+            link_layer: attr.link_layer,
+            active_speed: attr.active_speed,
+            active_width: attr.active_width,
+        })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `ibv_open_device` and is closed exactly once.
+        let rc = unsafe { sys::ibv_close_device(self.raw.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(
+                "ibv_close_device failed: {}",
+                io::Error::from_raw_os_error(rc)
+            );
+        }
+    }
+}

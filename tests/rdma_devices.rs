@@ -1,0 +1,165 @@
+//! Device discovery on real Soft-RoCE devices, through the built plugin loaded by a C host the
+//! way NCCL loads it. Runs inside the VM (`scripts/rdma-vm.sh`), where rxe0 sits on `lo` and rxe1
+//! on a dummy netdev; it fails, never skips, when those devices are missing.
+#![allow(clippy::unwrap_used)] // test helpers panic with context
+
+mod support;
+
+use std::fs;
+use std::path::Path;
+
+use support::run_host;
+
+const NCCL_LOG_WARN: i64 = 2;
+const NCCL_LOG_INFO: i64 = 3;
+
+fn require_rxe_devices() {
+    for dev in ["rxe0", "rxe1"] {
+        assert!(
+            Path::new("/sys/class/infiniband").join(dev).exists(),
+            "RDMA device {dev} is missing: run this suite through scripts/rdma-vm.sh, which loads \
+             rdma_rxe and creates rxe0 on lo and rxe1 on dummy0"
+        );
+    }
+}
+
+fn sysfs(dev: &str, file: &str) -> String {
+    let path = Path::new("/sys/class/infiniband").join(dev).join(file);
+    fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .to_owned()
+}
+
+/// `ports/1/rate` reads like "2.5 Gb/sec (1X SDR)".
+fn sysfs_rate_mbps(dev: &str) -> i64 {
+    let rate = sysfs(dev, "ports/1/rate");
+    let gbps: f64 = rate
+        .split_whitespace()
+        .next()
+        .and_then(|g| g.parse().ok())
+        .unwrap();
+    (gbps * 1000.0).round() as i64
+}
+
+/// `sys_image_guid` reads like "0200:00ff:fe00:0000".
+fn sysfs_guid(dev: &str) -> i64 {
+    u64::from_str_radix(&sysfs(dev, "sys_image_guid").replace(':', ""), 16).unwrap() as i64
+}
+
+fn names(env: &[(&str, &str)]) -> Vec<String> {
+    require_rxe_devices();
+    let run = run_host(env, &[]);
+    assert_eq!(run.rc("devices"), 0);
+    run.device_names()
+}
+
+fn zero_device_warning(env: &[(&str, &str)]) -> String {
+    require_rxe_devices();
+    let run = run_host(env, &[]);
+    assert_eq!(run.calls("devices")[0].int("ndev"), 0, "{}", run.stdout);
+    let warnings = run.zero_device_reasons();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "expected one line saying why:\n{}",
+        run.stdout
+    );
+    assert_eq!(warnings[0].int("level"), NCCL_LOG_WARN);
+    warnings[0].get("msg").to_owned()
+}
+
+#[test]
+fn devices_finds_rxe0_and_rxe1_with_plausible_properties() {
+    require_rxe_devices();
+    let run = run_host(&[("NCCL_DEBUG", "INFO")], &[]);
+    assert_eq!(run.rc("init"), 0);
+    let devices = run.devices();
+    assert_eq!(run.device_names(), ["rxe0", "rxe1"]);
+    for d in &devices {
+        let name = d.get("name");
+        assert_eq!(d.int("rc"), 0);
+        assert_eq!(d.get("pciPath"), "(null)", "Soft-RoCE has no PCI parent");
+        assert_eq!(d.int("port"), 1);
+        assert_eq!(
+            d.int("speed"),
+            sysfs_rate_mbps(name),
+            "{name}: speed must match ports/1/rate"
+        );
+        assert_eq!(
+            d.int("guid"),
+            sysfs_guid(name),
+            "{name}: guid must be sys_image_guid"
+        );
+        assert!(d.int("maxComms") > 0, "{name}: maxComms");
+        assert_eq!(d.int("maxRecvs"), 8);
+        assert_eq!(d.int("ptrSupport"), 1, "host memory only on rxe");
+        assert_eq!((d.int("netDeviceType"), d.int("netDeviceVersion")), (0, 0));
+        assert_eq!(d.int("latency"), 0);
+    }
+    let banner = run
+        .logs()
+        .into_iter()
+        .find(|l| l.get("msg").contains("using [0]rxe0:1/RoCE"))
+        .unwrap_or_else(|| panic!("no banner naming the devices:\n{}", run.stdout));
+    assert_eq!(banner.int("level"), NCCL_LOG_INFO);
+    assert_eq!(banner.int("flags"), 1 | 16, "banner carries INIT|NET");
+    assert!(
+        banner.get("msg").contains("[1]rxe1:1/RoCE"),
+        "{}",
+        banner.rest
+    );
+}
+
+#[test]
+fn hca_exact_entry_keeps_only_rxe1() {
+    assert_eq!(names(&[("NCCL_IB_HCA", "rxe1")]), ["rxe1"]);
+    assert_eq!(names(&[("NCCL_IB_HCA", "=rxe1")]), ["rxe1"]);
+}
+
+#[test]
+fn hca_exclusion_drops_rxe0() {
+    assert_eq!(names(&[("NCCL_IB_HCA", "^rxe0")]), ["rxe1"]);
+    assert_eq!(names(&[("NCCL_IB_HCA", "^=rxe0")]), ["rxe1"]);
+}
+
+#[test]
+fn hca_prefix_matches_both_and_exact_prefix_matches_none() {
+    assert_eq!(names(&[("NCCL_IB_HCA", "rxe")]), ["rxe0", "rxe1"]);
+    assert_eq!(names(&[("NCCL_IB_HCA", "rxe1,rxe0")]), ["rxe0", "rxe1"]);
+    let msg = zero_device_warning(&[("NCCL_IB_HCA", "=rxe")]);
+    assert!(msg.contains("NCCL_IB_HCA='=rxe'"), "{msg}");
+}
+
+#[test]
+fn hca_port_field_selects_ports() {
+    assert_eq!(names(&[("NCCL_IB_HCA", "rxe0:1")]), ["rxe0"]);
+    assert_eq!(names(&[("NCCL_IB_HCA", "rxe0:1,rxe1:1")]), ["rxe0", "rxe1"]);
+    let msg = zero_device_warning(&[("NCCL_IB_HCA", "rxe0:2")]);
+    assert!(
+        msg.contains("NCCL_IB_HCA='rxe0:2' matches no active port"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn hca_unknown_name_gives_zero_devices_and_names_the_filter() {
+    let msg = zero_device_warning(&[("NCCL_IB_HCA", "mlx5_9")]);
+    assert!(
+        msg.contains("NCCL_IB_HCA='mlx5_9' matches no active port"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("rxe0:1") && msg.contains("rxe1:1"),
+        "should list what exists: {msg}"
+    );
+}
+
+#[test]
+fn hca_malformed_value_gives_zero_devices_and_says_what_is_wrong() {
+    let msg = zero_device_warning(&[("NCCL_IB_HCA", "rxe0:x")]);
+    assert!(
+        msg.contains("NCCL_IB_HCA='rxe0:x' is not valid: port 'x'"),
+        "{msg}"
+    );
+}
