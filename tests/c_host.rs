@@ -48,7 +48,7 @@ fn no_rdma_kernel_gives_zero_devices_and_one_reason() {
 
 #[test]
 fn misuse_is_an_internal_error_not_a_crash() {
-    let run = run_host(&[], &[]);
+    let run = run_host(&[], &["--misuse"]);
     assert_eq!(run.rc("getProperties(out-of-range)"), NCCL_INTERNAL_ERROR);
     assert_eq!(run.rc("getProperties(NULL)"), NCCL_INTERNAL_ERROR);
     assert_eq!(run.rc("devices(NULL)"), NCCL_INTERNAL_ERROR);

@@ -72,8 +72,13 @@ fn zero_device_warning(env: &[(&str, &str)]) -> String {
 #[test]
 fn devices_finds_rxe0_and_rxe1_with_plausible_properties() {
     require_rxe_devices();
-    let run = run_host(&[("NCCL_DEBUG", "INFO")], &[]);
+    let run = run_host(&[("NCCL_DEBUG", "INFO")], &["--misuse"]);
     assert_eq!(run.rc("init"), 0);
+    assert_eq!(
+        run.rc("getProperties(out-of-range)"),
+        3,
+        "index 2 of 2 devices: ncclInternalError"
+    );
     let devices = run.devices();
     assert_eq!(run.device_names(), ["rxe0", "rxe1"]);
     for d in &devices {

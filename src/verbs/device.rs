@@ -156,14 +156,13 @@ struct PortAttr {
 
 impl Context {
     fn query_device(&self) -> io::Result<DeviceAttr> {
-        let mut attr = MaybeUninit::<sys::ibv_device_attr>::zeroed();
-        // SAFETY: `raw` is an open context and `attr` points at writable storage of the right type.
-        let rc = unsafe { sys::ibv_query_device(self.raw.as_ptr(), attr.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        // SAFETY: zero-initialised plain C data that the call filled in.
-        let attr = unsafe { attr.assume_init() };
+        let context = self.raw.as_ptr();
+        let query = |attr| {
+            // SAFETY: `context` is open and `attr` points at a writable `ibv_device_attr`.
+            unsafe { sys::ibv_query_device(context, attr) }
+        };
+        // SAFETY: an all-zero `ibv_device_attr` is valid plain C data.
+        let attr = unsafe { query_into(query) }?;
         Ok(DeviceAttr {
             sys_image_guid: attr.sys_image_guid,
             max_qp: attr.max_qp,
@@ -174,16 +173,14 @@ impl Context {
     fn query_port(&self, port: u32) -> io::Result<PortAttr> {
         let port_num =
             u8::try_from(port).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // Zeroed first: the compatibility path of ___ibv_query_port does not clear the struct
-        // (rust-stack.md §1.1).
-        let mut attr = MaybeUninit::<sys::ibv_port_attr>::zeroed();
-        // SAFETY: `raw` is an open context and `attr` points at a zeroed `ibv_port_attr`.
-        let rc = unsafe { sys::___ibv_query_port(self.raw.as_ptr(), port_num, attr.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        // SAFETY: zero-initialised plain C data that the call filled in.
-        let attr = unsafe { attr.assume_init() };
+        let context = self.raw.as_ptr();
+        let query = |attr| {
+            // SAFETY: `context` is open and `attr` points at a writable `ibv_port_attr`.
+            unsafe { sys::___ibv_query_port(context, port_num, attr) }
+        };
+        // SAFETY: an all-zero `ibv_port_attr` is valid plain C data. Zeroing matters here: the
+        // compatibility path of ___ibv_query_port does not clear the struct (rust-stack.md §1.1).
+        let attr = unsafe { query_into(query) }?;
         Ok(PortAttr {
             state: attr.state,
             link_layer: attr.link_layer,
@@ -191,6 +188,21 @@ impl Context {
             active_width: attr.active_width,
         })
     }
+}
+
+/// Run a verbs query that fills a C struct and returns 0 or an errno.
+///
+/// # Safety
+/// `query` must only write a valid `T` through the pointer it gets, and an all-zero `T` must be a
+/// valid value (plain C data), since the struct starts zeroed and may be partly filled.
+unsafe fn query_into<T>(query: impl FnOnce(*mut T) -> std::ffi::c_int) -> io::Result<T> {
+    let mut value = MaybeUninit::<T>::zeroed();
+    let rc = query(value.as_mut_ptr());
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    // SAFETY: zero-initialised plain C data (caller's contract) that the query filled in.
+    Ok(unsafe { value.assume_init() })
 }
 
 impl Drop for Context {

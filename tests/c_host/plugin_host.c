@@ -3,7 +3,9 @@
  * RTLD_NOW | RTLD_LOCAL, looks up the data symbol ncclNetPlugin_v8, calls init with a C variadic
  * logger, then devices and getProperties, and prints one fact per line for the test to parse.
  *
- * usage: plugin_host PLUGIN.so [--reload]
+ * usage: plugin_host PLUGIN.so [--misuse] [--reload]
+ *   --misuse  also make the calls NCCL must never make (NULL out-pointers, an index past the
+ *             last device) and print their result codes.
  *   --reload  also dlclose, dlopen again and re-run init/devices, as NCCL does when a plugin's
  *             last communicator is destroyed and a new one is created.
  */
@@ -56,10 +58,20 @@ static int list_devices(ncclNet_v8_t *net) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s PLUGIN.so [--reload]\n", argv[0]);
+    fprintf(stderr, "usage: %s PLUGIN.so [--misuse] [--reload]\n", argv[0]);
     return 2;
   }
-  int reload = argc > 2 && strcmp(argv[2], "--reload") == 0;
+  int misuse = 0, reload = 0;
+  for (int i = 2; i < argc; i++) {
+    if (strcmp(argv[i], "--misuse") == 0) {
+      misuse = 1;
+    } else if (strcmp(argv[i], "--reload") == 0) {
+      reload = 1;
+    } else {
+      fprintf(stderr, "unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
   void *lib;
   ncclNet_v8_t *net = load(argv[1], &lib);
   if (!net) return 2;
@@ -73,10 +85,12 @@ int main(int argc, char **argv) {
   printf("CALL init rc=%d\n", (int)net->init(capture_logger));
   int ndev = list_devices(net);
 
-  ncclNetProperties_v8_t p;
-  printf("CALL getProperties(out-of-range) rc=%d\n", (int)net->getProperties(ndev, &p));
-  printf("CALL getProperties(NULL) rc=%d\n", (int)net->getProperties(0, NULL));
-  printf("CALL devices(NULL) rc=%d\n", (int)net->devices(NULL));
+  if (misuse) {
+    ncclNetProperties_v8_t p;
+    printf("CALL getProperties(out-of-range) rc=%d\n", (int)net->getProperties(ndev, &p));
+    printf("CALL getProperties(NULL) rc=%d\n", (int)net->getProperties(0, NULL));
+    printf("CALL devices(NULL) rc=%d\n", (int)net->devices(NULL));
+  }
 
   if (reload) {
     void *first = (void *)net;
