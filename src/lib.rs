@@ -15,4 +15,5 @@ pub mod core;
 pub mod log;
 pub mod plugin;
 pub mod topology;
+pub mod transport;
 pub mod verbs;

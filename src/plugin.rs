@@ -2,12 +2,15 @@
 //! `init` and read by every later call from any NCCL thread.
 
 use std::ffi::CString;
-use std::sync::OnceLock;
+use std::sync::Arc;
+
+use once_cell::sync::OnceCell;
 
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::log::{self, INIT_TARGET};
 use crate::topology::{HcaFilter, NetDevice, Selection, SysfsRoot, select_devices};
+use crate::transport::DeviceContext;
 use crate::verbs::{self, Discovery};
 
 /// Name NCCL shows and matches against `NCCL_NET` (case-insensitively).
@@ -39,6 +42,7 @@ pub struct Device {
     pub c_pci_path: Option<CString>,
     /// Memory this device can register.
     pub memory: MemorySupport,
+    context: OnceCell<Arc<DeviceContext>>,
 }
 
 /// The initialised plugin.
@@ -48,18 +52,21 @@ pub struct Plugin {
     devices: Vec<Device>,
 }
 
-static PLUGIN: OnceLock<Plugin> = OnceLock::new();
+static PLUGIN: OnceCell<Plugin> = OnceCell::new();
 
 impl Plugin {
     /// Initialise once per process from the environment; later calls return the same plugin
     /// (NCCL may call `init` again, and may dlclose and reopen the library).
-    pub fn init() -> &'static Self {
-        PLUGIN.get_or_init(|| {
-            let config = Config::from_vars(std::env::vars());
+    ///
+    /// # Errors
+    /// `Config` when a variable has an invalid value (init is retried on the next call).
+    pub fn init() -> Result<&'static Self> {
+        PLUGIN.get_or_try_init(|| {
+            let config = Config::from_vars(std::env::vars())?;
             log::set_filter(&config.log_directive);
             let plugin = Self::discover(config, &SysfsRoot::default());
             plugin.log_banner();
-            plugin
+            Ok(plugin)
         })
     }
 
@@ -97,6 +104,17 @@ impl Plugin {
                     self.devices.len()
                 ))
             })
+    }
+
+    /// The verbs context of device `index`, opened on first use and shared by its comms.
+    ///
+    /// # Errors
+    /// `Misuse` for an unknown index; whatever opening the device fails with.
+    pub fn context(&self, index: i32) -> Result<&Arc<DeviceContext>> {
+        let device = self.device(index)?;
+        device.context.get_or_try_init(|| {
+            DeviceContext::open(&device.net, &self.config, &SysfsRoot::default())
+        })
     }
 
     fn discover(config: Config, sysfs: &SysfsRoot) -> Self {
@@ -178,6 +196,7 @@ impl Device {
             c_name,
             c_pci_path,
             memory,
+            context: OnceCell::new(),
         }
     }
 }

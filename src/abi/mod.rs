@@ -12,6 +12,7 @@
 #![allow(unsafe_code)]
 
 mod entry;
+mod handles;
 pub(crate) mod logger;
 mod out;
 pub mod types;

@@ -3,7 +3,7 @@
 use super::entry::{
     net_accept, net_close_listen, net_close_recv, net_close_send, net_connect, net_dereg_mr,
     net_devices, net_get_properties, net_iflush, net_init, net_irecv_v8, net_isend_v8, net_listen,
-    net_reg_mr, net_test,
+    net_reg_mr, net_reg_mr_dma_buf, net_test,
 };
 use super::types::ncclNet_v8_t;
 
@@ -18,8 +18,7 @@ pub static ncclNetPlugin_v8: ncclNet_v8_t = ncclNet_v8_t {
     connect: Some(net_connect),
     accept: Some(net_accept),
     regMr: Some(net_reg_mr),
-    // NULL tells NCCL that DMA-BUF registration is not offered (nccl-net-abi.md §2.8).
-    regMrDmaBuf: None,
+    regMrDmaBuf: Some(net_reg_mr_dma_buf),
     deregMr: Some(net_dereg_mr),
     isend: Some(net_isend_v8),
     irecv: Some(net_irecv_v8),

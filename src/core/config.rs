@@ -5,6 +5,10 @@
 //! pairs instead of mutating the process environment. NCCL copies `/etc/nccl.conf` entries into
 //! the environment before it calls `init`, so those are seen too.
 
+use std::time::Duration;
+
+use super::error::{Error, Result};
+
 /// One knob: its name, its default, and what it means, as the README documents it.
 #[derive(Debug)]
 pub struct Knob {
@@ -16,55 +20,229 @@ pub struct Knob {
     pub meaning: &'static str,
 }
 
-/// Every variable the plugin honours. `tests/readme.rs` checks that the README lists each one.
+/// Every variable the plugin honours. `tests/repository.rs` checks that the README lists each.
 pub const KNOBS: &[Knob] = &[
     Knob {
         name: "NCCL_IB_HCA",
-        default: "(unset: every active port)",
-        meaning: "device filter with NCCL's syntax: `[^][=]name[:port],...`",
+        default: "unset",
+        meaning: "device filter `[^][=]name[:port],...`",
+    },
+    Knob {
+        name: "NCCL_IB_GID_INDEX",
+        default: "-1",
+        meaning: "RoCE GID index; -1 selects automatically",
+    },
+    Knob {
+        name: "NCCL_IB_ADDR_FAMILY",
+        default: "AF_INET",
+        meaning: "preferred GID family",
+    },
+    Knob {
+        name: "NCCL_IB_ROCE_VERSION_NUM",
+        default: "2",
+        meaning: "preferred RoCE version",
+    },
+    Knob {
+        name: "NCCL_IB_TIMEOUT",
+        default: "20",
+        meaning: "QP ack timeout exponent (4.096 us * 2^t)",
+    },
+    Knob {
+        name: "NCCL_IB_RETRY_CNT",
+        default: "7",
+        meaning: "QP transport retry count",
+    },
+    Knob {
+        name: "NCCL_IB_SL",
+        default: "0",
+        meaning: "InfiniBand service level",
+    },
+    Knob {
+        name: "NCCL_IB_TC",
+        default: "0",
+        meaning: "RoCE traffic class",
+    },
+    Knob {
+        name: "NCCL_IB_QPS_PER_CONNECTION",
+        default: "1",
+        meaning: "QPs per connection (1..16)",
+    },
+    Knob {
+        name: "NCCL_IB_SPLIT_DATA_ON_QPS",
+        default: "0",
+        meaning: "1 = split every message over all QPs",
+    },
+    Knob {
+        name: "NCCL_GDR_FLUSH_DISABLE",
+        default: "0",
+        meaning: "1 = no flush QP, iflush does nothing",
+    },
+    Knob {
+        name: "NCCL_SOCKET_IFNAME",
+        default: "unset",
+        meaning: "interface for the out-of-band TCP exchange",
     },
     Knob {
         name: "NCCL_DEBUG",
-        default: "(unset: warnings only)",
-        meaning: "NCCL's log level; also sets how much the plugin formats (WARN, INFO, TRACE)",
+        default: "unset",
+        meaning: "NCCL's log level (WARN, INFO, TRACE)",
     },
     Knob {
         name: "NCCL_NET_RS_LOG",
-        default: "(unset: derived from NCCL_DEBUG)",
-        meaning: "plugin log filter in tracing's syntax, e.g. `nccl_net=debug`",
+        default: "unset",
+        meaning: "plugin log filter, tracing syntax",
+    },
+    Knob {
+        name: "NCCL_NET_RS_CONNECT_TIMEOUT",
+        default: "120",
+        meaning: "seconds connect/accept may take",
     },
 ];
 
+/// Most QPs one connection may use.
+pub const MAX_QPS_PER_CONNECTION: u32 = 16;
+
+/// Preferred address family of the RoCE GID.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum AddrFamily {
+    /// IPv4 (IPv4-mapped GIDs).
+    V4,
+    /// IPv6.
+    V6,
+}
+
 /// The parsed configuration.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// Raw `NCCL_IB_HCA`, parsed by `topology::HcaFilter`; `None` when unset or empty.
     pub ib_hca: Option<String>,
     /// `tracing` filter directive for the plugin's own log events.
     pub log_directive: String,
+    /// Fixed GID index, or `None` for automatic selection.
+    pub gid_index: Option<u32>,
+    /// Preferred GID address family.
+    pub addr_family: AddrFamily,
+    /// Preferred RoCE version (1 or 2).
+    pub roce_version: u32,
+    /// QP ack timeout exponent.
+    pub ib_timeout: u8,
+    /// QP retry count.
+    pub retry_cnt: u8,
+    /// Service level.
+    pub service_level: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// QPs per connection.
+    pub qps_per_connection: u32,
+    /// Split each message over all QPs.
+    pub split_data_on_qps: bool,
+    /// Create a flush QP per receive comm.
+    pub flush_enabled: bool,
+    /// Interface for the out-of-band exchange.
+    pub socket_ifname: Option<String>,
+    /// Deadline for connect/accept.
+    pub connect_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            ib_hca: None,
+            log_directive: "nccl_net=warn".into(),
+            gid_index: None,
+            addr_family: AddrFamily::V4,
+            roce_version: 2,
+            ib_timeout: 20,
+            retry_cnt: 7,
+            service_level: 0,
+            traffic_class: 0,
+            qps_per_connection: 1,
+            split_data_on_qps: false,
+            flush_enabled: true,
+            socket_ifname: None,
+            connect_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+fn number(name: &str, value: &str, min: i64, max: i64) -> Result<i64> {
+    match value.parse::<i64>() {
+        Ok(v) if (min..=max).contains(&v) => Ok(v),
+        _ => Err(Error::config(format!(
+            "{name}='{value}' is not valid: expected an integer in {min}..={max}"
+        ))),
+    }
+}
+
+/// `-1` (NCCL's "unset") or a value in `0..=max`.
+fn optional(name: &str, value: &str, max: i64) -> Result<Option<i64>> {
+    let v = number(name, value, -1, max)?;
+    Ok((v >= 0).then_some(v))
+}
+
+fn narrow<T: TryFrom<i64>>(v: i64) -> T {
+    // INVARIANT: every caller bounds `v` to T's range with `number`/`optional` first.
+    T::try_from(v).unwrap_or_else(|_| unreachable!("range checked"))
 }
 
 impl Config {
-    /// Build the configuration from `(name, value)` pairs (the caller passes the process environment).
-    pub fn from_vars<I, K, V>(vars: I) -> Self
+    /// Build the configuration from `(name, value)` pairs (the caller passes the process
+    /// environment). Empty values count as unset.
+    ///
+    /// # Errors
+    /// `Config` naming the variable when a value is out of range or not a number.
+    pub fn from_vars<I, K, V>(vars: I) -> Result<Self>
     where
         I: IntoIterator<Item = (K, V)>,
         K: AsRef<str>,
         V: AsRef<str>,
     {
-        let mut ib_hca = None;
+        let mut c = Self::default();
         let mut nccl_debug = None;
         let mut own_filter = None;
         for (name, value) in vars {
-            let value = value.as_ref().trim();
-            match name.as_ref() {
-                "NCCL_IB_HCA" if !value.is_empty() => ib_hca = Some(value.to_owned()),
+            let (name, value) = (name.as_ref(), value.as_ref().trim());
+            if value.is_empty() {
+                continue;
+            }
+            match name {
+                "NCCL_IB_HCA" => c.ib_hca = Some(value.to_owned()),
                 "NCCL_DEBUG" => nccl_debug = Some(value.to_ascii_uppercase()),
-                "NCCL_NET_RS_LOG" if !value.is_empty() => own_filter = Some(value.to_owned()),
+                "NCCL_NET_RS_LOG" => own_filter = Some(value.to_owned()),
+                "NCCL_IB_GID_INDEX" => c.gid_index = optional(name, value, 65535)?.map(narrow),
+                "NCCL_IB_ADDR_FAMILY" => {
+                    c.addr_family = match value {
+                        "AF_INET" => AddrFamily::V4,
+                        "AF_INET6" => AddrFamily::V6,
+                        _ => {
+                            return Err(Error::config(format!(
+                                "NCCL_IB_ADDR_FAMILY='{value}' is not valid: expected AF_INET or AF_INET6"
+                            )));
+                        }
+                    }
+                }
+                "NCCL_IB_ROCE_VERSION_NUM" => c.roce_version = narrow(number(name, value, 1, 2)?),
+                "NCCL_IB_TIMEOUT" => c.ib_timeout = narrow(number(name, value, 1, 31)?),
+                "NCCL_IB_RETRY_CNT" => c.retry_cnt = narrow(number(name, value, 0, 7)?),
+                "NCCL_IB_SL" => c.service_level = optional(name, value, 15)?.map_or(0, narrow),
+                "NCCL_IB_TC" => c.traffic_class = optional(name, value, 255)?.map_or(0, narrow),
+                "NCCL_IB_QPS_PER_CONNECTION" => {
+                    c.qps_per_connection =
+                        narrow(number(name, value, 1, MAX_QPS_PER_CONNECTION.into())?);
+                }
+                "NCCL_IB_SPLIT_DATA_ON_QPS" => {
+                    c.split_data_on_qps = number(name, value, 0, 1)? == 1
+                }
+                "NCCL_GDR_FLUSH_DISABLE" => c.flush_enabled = number(name, value, 0, 1)? == 0,
+                "NCCL_SOCKET_IFNAME" => c.socket_ifname = Some(value.to_owned()),
+                "NCCL_NET_RS_CONNECT_TIMEOUT" => {
+                    c.connect_timeout =
+                        Duration::from_secs(narrow(number(name, value, 1, 86_400)?));
+                }
                 _ => {}
             }
         }
-        let log_directive = own_filter.unwrap_or_else(|| {
+        c.log_directive = own_filter.unwrap_or_else(|| {
             // NCCL filters by level after we format; matching its level avoids formatting lines
             // it would drop.
             let level = match nccl_debug.as_deref() {
@@ -74,10 +252,7 @@ impl Config {
             };
             format!("nccl_net={level}")
         });
-        Self {
-            ib_hca,
-            log_directive,
-        }
+        Ok(c)
     }
 }
 
@@ -85,43 +260,101 @@ impl Config {
 mod tests {
     use super::*;
 
+    fn parse(vars: &[(&str, &str)]) -> Result<Config> {
+        Config::from_vars(vars.iter().copied())
+    }
+
     #[test]
-    fn defaults_log_warnings_only() {
-        let c = Config::from_vars(Vec::<(String, String)>::new());
+    fn defaults_match_nccl() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c, Config::default());
         assert_eq!(
-            c,
-            Config {
-                ib_hca: None,
-                log_directive: "nccl_net=warn".into()
-            }
+            (c.ib_timeout, c.retry_cnt, c.qps_per_connection),
+            (20, 7, 1)
         );
+        assert_eq!(c.log_directive, "nccl_net=warn");
     }
 
     #[test]
     fn nccl_debug_sets_the_level_case_insensitively() {
-        let c = Config::from_vars([("NCCL_DEBUG", "info")]);
-        assert_eq!(c.log_directive, "nccl_net=info");
-        let c = Config::from_vars([("NCCL_DEBUG", "TRACE")]);
-        assert_eq!(c.log_directive, "nccl_net=trace");
+        assert_eq!(
+            parse(&[("NCCL_DEBUG", "info")]).unwrap().log_directive,
+            "nccl_net=info"
+        );
+        assert_eq!(
+            parse(&[("NCCL_DEBUG", "TRACE")]).unwrap().log_directive,
+            "nccl_net=trace"
+        );
     }
 
     #[test]
     fn own_filter_wins_over_nccl_debug() {
-        let c = Config::from_vars([
+        let c = parse(&[
             ("NCCL_DEBUG", "INFO"),
             ("NCCL_NET_RS_LOG", "nccl_net=debug"),
-        ]);
+        ])
+        .unwrap();
         assert_eq!(c.log_directive, "nccl_net=debug");
     }
 
     #[test]
-    fn empty_hca_is_unset() {
-        assert_eq!(Config::from_vars([("NCCL_IB_HCA", "  ")]).ib_hca, None);
+    fn empty_values_are_unset() {
+        assert_eq!(parse(&[("NCCL_IB_HCA", "  ")]).unwrap().ib_hca, None);
         assert_eq!(
-            Config::from_vars([("NCCL_IB_HCA", "^rxe0")])
+            parse(&[("NCCL_IB_HCA", "^rxe0")])
+                .unwrap()
                 .ib_hca
                 .as_deref(),
             Some("^rxe0")
         );
+    }
+
+    #[test]
+    fn ib_knobs_parse_with_nccl_meanings() {
+        let c = parse(&[
+            ("NCCL_IB_GID_INDEX", "3"),
+            ("NCCL_IB_ADDR_FAMILY", "AF_INET6"),
+            ("NCCL_IB_TIMEOUT", "14"),
+            ("NCCL_IB_SL", "-1"),
+            ("NCCL_IB_TC", "106"),
+            ("NCCL_IB_QPS_PER_CONNECTION", "4"),
+            ("NCCL_IB_SPLIT_DATA_ON_QPS", "1"),
+            ("NCCL_GDR_FLUSH_DISABLE", "1"),
+            ("NCCL_NET_RS_CONNECT_TIMEOUT", "5"),
+        ])
+        .unwrap();
+        assert_eq!(c.gid_index, Some(3));
+        assert_eq!(c.addr_family, AddrFamily::V6);
+        assert_eq!(
+            (c.ib_timeout, c.service_level, c.traffic_class),
+            (14, 0, 106)
+        );
+        assert_eq!(
+            (c.qps_per_connection, c.split_data_on_qps, c.flush_enabled),
+            (4, true, false)
+        );
+        assert_eq!(c.connect_timeout, Duration::from_secs(5));
+        assert_eq!(
+            parse(&[("NCCL_IB_GID_INDEX", "-1")]).unwrap().gid_index,
+            None
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (name, value) in [
+            ("NCCL_IB_TIMEOUT", "forty"),
+            ("NCCL_IB_QPS_PER_CONNECTION", "0"),
+            ("NCCL_IB_QPS_PER_CONNECTION", "99"),
+            ("NCCL_IB_ADDR_FAMILY", "inet"),
+            ("NCCL_IB_GID_INDEX", "-2"),
+        ] {
+            let e = parse(&[(name, value)]).unwrap_err();
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("{name}='{value}' is not valid")),
+                "{e}"
+            );
+        }
     }
 }

@@ -8,3 +8,5 @@
 
 pub mod config;
 pub mod error;
+pub mod proto;
+pub mod wire;

@@ -6,11 +6,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod gid;
 mod hca_filter;
 mod link;
 mod select;
 mod sysfs;
 
+pub use gid::{GidEntry, parse_gid, parse_roce_version, select_gid};
 pub use hca_filter::HcaFilter;
 pub use link::{LinkLayer, link_speed_mbps};
 pub use select::{HcaPort, NetDevice, Selection, select_devices};

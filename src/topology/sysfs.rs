@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use super::{GidEntry, parse_gid, parse_roce_version};
+
 /// Root of a sysfs tree: `/sys` on a real machine, a fixture directory in tests.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SysfsRoot(PathBuf);
@@ -35,6 +37,43 @@ impl SysfsRoot {
             .join("device")
             .canonicalize()
             .ok()
+    }
+}
+
+impl SysfsRoot {
+    /// The populated entries of a port's GID table (zero GIDs are skipped).
+    pub fn port_gids(&self, device: &str, port: u32) -> Vec<GidEntry> {
+        let port_dir = self
+            .ib_device_dir(device)
+            .join("ports")
+            .join(port.to_string());
+        let Ok(listing) = std::fs::read_dir(port_dir.join("gids")) else {
+            return Vec::new();
+        };
+        let mut entries: Vec<GidEntry> = listing
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                let index: u32 = name.parse().ok()?;
+                let gid =
+                    parse_gid(&std::fs::read_to_string(port_dir.join("gids").join(&name)).ok()?)?;
+                if gid == [0; 16] {
+                    return None;
+                }
+                let attr = |kind: &str| {
+                    std::fs::read_to_string(port_dir.join("gid_attrs").join(kind).join(&name)).ok()
+                };
+                Some(GidEntry {
+                    index,
+                    gid,
+                    roce_version: attr("types").as_deref().and_then(parse_roce_version),
+                    netdev: attr("ndevs")
+                        .map(|n| n.trim().to_owned())
+                        .filter(|n| !n.is_empty()),
+                })
+            })
+            .collect();
+        entries.sort_by_key(|e| e.index);
+        entries
     }
 }
 

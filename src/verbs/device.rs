@@ -1,10 +1,11 @@
-//! Device enumeration and queries: `ibv_get_device_list`, `ibv_open_device`, `ibv_query_device`,
-//! `ibv_query_port`.
+//! Device enumeration, opening and queries: `ibv_get_device_list`, `ibv_open_device`,
+//! `ibv_query_device`, `ibv_query_port`.
 
 use std::ffi::CStr;
 use std::io;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use rdma_sys as sys;
 
@@ -118,11 +119,12 @@ impl DeviceList {
 
     /// Open a device; the context stays valid after the list is freed (libibverbs keeps a
     /// reference on opened devices).
-    fn open(&self, index: usize) -> io::Result<Context> {
+    fn open(&self, index: usize) -> io::Result<Device> {
         // SAFETY: the device pointer comes from this live list.
         let raw = unsafe { sys::ibv_open_device(self.device(index)) };
+        let name = self.name(index);
         NonNull::new(raw)
-            .map(|raw| Context { raw })
+            .map(|raw| Device { raw, name })
             .ok_or_else(io::Error::last_os_error)
     }
 }
@@ -134,9 +136,31 @@ impl Drop for DeviceList {
     }
 }
 
-/// An open device (`ibv_context`); closed on drop.
-struct Context {
+/// An open RDMA device (`ibv_context`); closed on drop, after every object created on it (they
+/// hold an `Arc` of it).
+#[derive(Debug)]
+pub struct Device {
     raw: NonNull<sys::ibv_context>,
+    name: String,
+}
+
+// SAFETY: libibverbs contexts may be used from any thread (rdma-core documents verbs calls as
+// thread-safe); the pointer is only freed in `Drop`.
+unsafe impl Send for Device {}
+// SAFETY: as above; `&Device` only allows thread-safe verbs calls.
+unsafe impl Sync for Device {}
+
+/// What a connection needs to know about its port.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PortState {
+    /// `IBV_PORT_*` state (4 = ACTIVE).
+    pub state: u32,
+    /// Local ID (InfiniBand).
+    pub lid: u16,
+    /// Active MTU (`ibv_mtu` code).
+    pub active_mtu: u8,
+    /// Link layer code.
+    pub link_layer: u8,
 }
 
 /// The fields of `ibv_device_attr` discovery needs.
@@ -149,12 +173,59 @@ struct DeviceAttr {
 /// The fields of `ibv_port_attr` discovery needs.
 struct PortAttr {
     state: u32,
+    lid: u16,
+    active_mtu: u8,
     link_layer: u8,
     active_speed: u8,
     active_width: u8,
 }
 
-impl Context {
+impl Device {
+    /// Open the device called `name`.
+    ///
+    /// # Errors
+    /// `System` when libibverbs lists no such device or cannot open it.
+    pub fn open(name: &str) -> Result<Arc<Self>> {
+        let list = DeviceList::new().map_err(|e| Error::system("ibv_get_device_list failed", e))?;
+        let index = (0..list.len())
+            .find(|&i| list.name(i) == name)
+            .ok_or_else(|| {
+                Error::system(
+                    format!("RDMA device {name} is gone"),
+                    io::Error::from_raw_os_error(libc::ENODEV),
+                )
+            })?;
+        let device = list
+            .open(index)
+            .map_err(|e| Error::system(format!("ibv_open_device({name}) failed"), e))?;
+        Ok(Arc::new(device))
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(super) fn raw(&self) -> *mut sys::ibv_context {
+        self.raw.as_ptr()
+    }
+
+    /// Current state of `port`.
+    ///
+    /// # Errors
+    /// `System` when `ibv_query_port` fails.
+    pub fn port_state(&self, port: u32) -> Result<PortState> {
+        let p = self.query_port(port).map_err(|e| {
+            Error::system(format!("ibv_query_port({}:{port}) failed", self.name), e)
+        })?;
+        Ok(PortState {
+            state: p.state,
+            lid: p.lid,
+            active_mtu: p.active_mtu,
+            link_layer: p.link_layer,
+        })
+    }
+
     fn query_device(&self) -> io::Result<DeviceAttr> {
         let context = self.raw.as_ptr();
         let query = |attr| {
@@ -183,6 +254,8 @@ impl Context {
         let attr = unsafe { query_into(query) }?;
         Ok(PortAttr {
             state: attr.state,
+            lid: attr.lid,
+            active_mtu: u8::try_from(attr.active_mtu).unwrap_or(0),
             link_layer: attr.link_layer,
             active_speed: attr.active_speed,
             active_width: attr.active_width,
@@ -205,7 +278,7 @@ unsafe fn query_into<T>(query: impl FnOnce(*mut T) -> std::ffi::c_int) -> io::Re
     Ok(unsafe { value.assume_init() })
 }
 
-impl Drop for Context {
+impl Drop for Device {
     fn drop(&mut self) {
         // SAFETY: `raw` came from `ibv_open_device` and is closed exactly once.
         let rc = unsafe { sys::ibv_close_device(self.raw.as_ptr()) };

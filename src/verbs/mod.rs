@@ -1,10 +1,20 @@
-//! Safe owners of libibverbs objects. The only module that names `rdma_sys`.
+//! Safe owners of libibverbs objects. The only module that names `rdma_sys` (and the one that
+//! makes the few other system calls the plugin needs, such as `getifaddrs`).
 //!
 //! Every verbs object is an RAII value whose `Drop` releases it and never panics (a failed
-//! release is logged and leaked). No `rdma_sys` type appears in a public signature: callers get
-//! plain values such as [`crate::topology::HcaPort`].
+//! release is logged and leaked). Children hold an `Arc` of their parents (MR → PD → device,
+//! QP → PD and CQ), so objects are always destroyed before what they depend on. No `rdma_sys`
+//! type appears in a public signature: callers get plain values.
 #![allow(unsafe_code)]
 
+mod cq;
 mod device;
+mod netif;
+mod pd;
+mod qp;
 
-pub use device::{Discovery, discover_ports};
+pub use cq::{Completion, CompletionQueue, OPCODE_RECV_RDMA_WITH_IMM};
+pub use device::{Device, Discovery, PortState, discover_ports};
+pub use netif::{InterfaceAddr, interface_addrs};
+pub use pd::{Access, HostRegion, MemoryRegion, ProtectionDomain};
+pub use qp::{Op, PathParams, QpCaps, QueuePair, RemoteEndpoint, WorkRequest};

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+pub mod net;
+
 /// The cdylib Cargo built for this test run. `cargo test` leaves it next to the test binary, in
 /// `target/<profile>/deps` (not in `target/<profile>`, which may be stale).
 pub fn plugin_path() -> PathBuf {

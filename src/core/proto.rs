@@ -1,0 +1,511 @@
+//! The receiver-driven RDMA-write protocol, without I/O.
+//!
+//! The receiver posts buffers ([`RecvSide::irecv`]): the glue posts one receive WQE on every QP
+//! the message will use, then RDMA-writes the returned [`Cts`] entries into the sender's CTS ring
+//! at the message's slot. The sender reads that slot ([`SendSide::wants_cts`],
+//! [`SendSide::handle_cts`]), matches each `isend` to an entry by tag ([`SendSide::isend`]), and
+//! once every entry of the slot is matched returns the [`Post`]s: RDMA writes of the payload,
+//! clamped to the posted size, ending with one write-with-immediate per QP used. The receiver
+//! counts those completions ([`RecvSide::handle_completion`]); for a single buffer the immediates
+//! add up to the received size, for a grouped receive the sender also writes the sizes into the
+//! receiver's sizes ring ([`Post::Sizes`]).
+//!
+//! Message `seq` lives in slot `seq % SLOTS` on both sides and uses the QPs
+//! [`Layout::qps_for`]`(seq)`; completions on one QP arrive in posting order, so each side keeps,
+//! per QP, the queue of messages whose completion it expects next.
+//!
+//! Nothing here touches memory, verbs or the clock: addresses and keys are plain numbers.
+
+use std::collections::VecDeque;
+
+use super::error::{Error, Kind, Result};
+use super::wire::{Cts, MAX_RECVS};
+
+/// Message slots per connection: receives (and grouped receives) in flight per comm.
+pub const SLOTS: usize = 32;
+
+/// Payload split granularity: LL/LL128 lines must never be split across QPs.
+const CHUNK_ALIGN: u64 = 128;
+
+/// How a connection spreads messages over its QPs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// QPs in the connection.
+    pub nqps: usize,
+    /// Split every message over all QPs (`NCCL_IB_SPLIT_DATA_ON_QPS=1`) instead of rotating.
+    pub split: bool,
+}
+
+impl Layout {
+    /// The QPs message `seq` uses, in order.
+    pub fn qps_for(&self, seq: u64) -> std::ops::Range<usize> {
+        if self.split || self.nqps == 1 {
+            0..self.nqps
+        } else {
+            let q = usize::try_from(seq % self.nqps as u64).unwrap_or(0);
+            q..q + 1
+        }
+    }
+
+    /// The part `(offset, len)` of a `size`-byte payload carried by the `pos`-th of `used` QPs.
+    pub fn chunk(size: u64, pos: usize, used: usize) -> (u64, u64) {
+        if used <= 1 {
+            return (0, size);
+        }
+        let per_qp = size.div_ceil(used as u64).div_ceil(CHUNK_ALIGN) * CHUNK_ALIGN;
+        let offset = (per_qp * pos as u64).min(size);
+        (offset, per_qp.min(size - offset))
+    }
+}
+
+fn slot_of(seq: u64) -> usize {
+    usize::try_from(seq % SLOTS as u64).unwrap_or(0)
+}
+
+/// A receive buffer NCCL posted, already registered.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RecvBuf {
+    /// Buffer address.
+    pub addr: u64,
+    /// Capacity in bytes.
+    pub size: u64,
+    /// Remote key of its registration.
+    pub rkey: u32,
+    /// Expected tag.
+    pub tag: i32,
+}
+
+/// CTS entries the glue must RDMA-write into the sender's ring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CtsPost {
+    /// Ring slot (entries go to `slot * MAX_RECVS` onwards).
+    pub slot: usize,
+    /// QP to post the write on.
+    pub qp: usize,
+    /// The entries, one per buffer.
+    pub entries: Vec<Cts>,
+}
+
+/// A completed receive, as `test` reports it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RecvDone {
+    /// Buffers in the request.
+    pub n: usize,
+    /// Sum of the immediates: the received size when `n == 1`; for grouped receives the sizes
+    /// are in the sizes ring.
+    pub imm_sum: u64,
+}
+
+#[derive(Copy, Clone, Debug)]
+struct RecvSlot {
+    n: usize,
+    pending: usize,
+    imm_sum: u64,
+}
+
+/// Receiver side of one connection.
+#[derive(Debug)]
+pub struct RecvSide {
+    layout: Layout,
+    next_seq: u64,
+    slots: Vec<Option<RecvSlot>>,
+    expected: Vec<VecDeque<u64>>,
+}
+
+impl RecvSide {
+    /// A receiver whose first message is sequence 0.
+    pub fn new(layout: Layout) -> Self {
+        Self {
+            layout,
+            next_seq: 0,
+            slots: vec![None; SLOTS],
+            expected: vec![VecDeque::new(); layout.nqps],
+        }
+    }
+
+    /// The connection's layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Post `bufs` as one request. `Ok(None)`: every slot is busy, NCCL retries later.
+    /// On success returns the request's slot and the CTS to write; the glue must first post one
+    /// receive WQE on each QP of `layout().qps_for(seq)`, where `seq` is the returned sequence.
+    ///
+    /// # Errors
+    /// `Misuse` when `bufs` is empty or longer than [`MAX_RECVS`].
+    pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<(u64, CtsPost)>> {
+        if bufs.is_empty() || bufs.len() > MAX_RECVS {
+            return Err(Error::misuse(format!(
+                "irecv with n={} (must be 1..={MAX_RECVS})",
+                bufs.len()
+            )));
+        }
+        let seq = self.next_seq;
+        let slot = slot_of(seq);
+        if self.slots[slot].is_some() {
+            return Ok(None);
+        }
+        let qps = self.layout.qps_for(seq);
+        for q in qps.clone() {
+            self.expected[q].push_back(seq);
+        }
+        self.slots[slot] = Some(RecvSlot {
+            n: bufs.len(),
+            pending: qps.len(),
+            imm_sum: 0,
+        });
+        self.next_seq += 1;
+        let nreqs = u32::try_from(bufs.len()).unwrap_or(0);
+        let entries = bufs
+            .iter()
+            .map(|b| Cts {
+                addr: b.addr,
+                size: b.size,
+                rkey: b.rkey,
+                tag: b.tag,
+                nreqs,
+                seq_plus_one: seq + 1,
+            })
+            .collect();
+        Ok(Some((
+            seq,
+            CtsPost {
+                slot,
+                qp: qps.start,
+                entries,
+            },
+        )))
+    }
+
+    /// Account for a write-with-immediate that completed on QP `qp`.
+    ///
+    /// # Errors
+    /// `Remote` when no message was expected on that QP (the peer broke the protocol).
+    pub fn handle_completion(&mut self, qp: usize, imm: u32) -> Result<()> {
+        let seq = self
+            .expected
+            .get_mut(qp)
+            .and_then(VecDeque::pop_front)
+            .ok_or_else(|| {
+                Error::new(
+                    Kind::Remote,
+                    format!("unexpected write-with-immediate on QP index {qp}"),
+                )
+            })?;
+        let slot = self.slots[slot_of(seq)].as_mut().ok_or_else(|| {
+            Error::new(
+                Kind::Remote,
+                format!("completion for message {seq} whose receive is gone"),
+            )
+        })?;
+        slot.pending = slot.pending.saturating_sub(1);
+        slot.imm_sum += u64::from(imm);
+        Ok(())
+    }
+
+    /// The result of the request in `slot`, once every completion arrived.
+    pub fn poll_done(&self, slot: usize) -> Option<RecvDone> {
+        let s = self.slots.get(slot)?.as_ref()?;
+        (s.pending == 0).then_some(RecvDone {
+            n: s.n,
+            imm_sum: s.imm_sum,
+        })
+    }
+
+    /// Free `slot` after NCCL saw it done.
+    pub fn release(&mut self, slot: usize) {
+        if let Some(s) = self.slots.get_mut(slot) {
+            *s = None;
+        }
+    }
+
+    /// Requests posted and not yet released.
+    pub fn in_flight(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+}
+
+/// A send buffer NCCL passed to `isend`, already registered.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct SendBuf {
+    /// Buffer address.
+    pub addr: u64,
+    /// Bytes to send.
+    pub size: u64,
+    /// Local key of its registration.
+    pub lkey: u32,
+    /// Tag (the sender's rank).
+    pub tag: i32,
+}
+
+/// A verbs operation the sender's glue must post, in order, per QP.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Post {
+    /// Unsignaled RDMA write of payload bytes.
+    Write {
+        /// QP index.
+        qp: usize,
+        /// Source address (registered under `lkey`).
+        local_addr: u64,
+        /// Local key.
+        lkey: u32,
+        /// Bytes.
+        len: u64,
+        /// Destination address.
+        remote_addr: u64,
+        /// Destination key.
+        rkey: u32,
+    },
+    /// Unsignaled RDMA write of the grouped sizes into the receiver's sizes ring slot.
+    Sizes {
+        /// QP index.
+        qp: usize,
+        /// Ring slot.
+        slot: usize,
+        /// Sizes of the `n` buffers (rest zero).
+        sizes: [u32; MAX_RECVS],
+    },
+    /// Signaled RDMA write-with-immediate that completes the message on this QP. `len` may be 0.
+    WriteImm {
+        /// QP index.
+        qp: usize,
+        /// Source address.
+        local_addr: u64,
+        /// Local key.
+        lkey: u32,
+        /// Bytes.
+        len: u64,
+        /// Destination address.
+        remote_addr: u64,
+        /// Destination key.
+        rkey: u32,
+        /// Immediate value.
+        imm: u32,
+        /// Slot whose completion this is.
+        slot: usize,
+    },
+}
+
+/// What `isend` accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// Slot of the message.
+    pub slot: usize,
+    /// Entry of the slot this send matched.
+    pub entry: usize,
+    /// `(requested, delivered)` when the send was larger than the posted receive.
+    pub truncated: Option<(u64, u64)>,
+    /// Operations to post now (empty until every entry of a grouped receive is matched).
+    pub posts: Vec<Post>,
+}
+
+#[derive(Clone, Debug)]
+struct SendSlot {
+    seq: u64,
+    cts: Vec<Cts>,
+    matched: Vec<Option<SendBuf>>,
+    tested: Vec<bool>,
+    pending: usize,
+    posted: bool,
+}
+
+/// Sender side of one connection.
+#[derive(Debug)]
+pub struct SendSide {
+    layout: Layout,
+    next_seq: u64,
+    slots: Vec<Option<SendSlot>>,
+}
+
+impl SendSide {
+    /// A sender whose first message is sequence 0.
+    pub fn new(layout: Layout) -> Self {
+        Self {
+            layout,
+            next_seq: 0,
+            slots: vec![None; SLOTS],
+        }
+    }
+
+    /// `Some((seq, slot))` when the next message's CTS has not been captured yet and its slot is
+    /// free: the glue should look at that ring slot.
+    pub fn wants_cts(&self) -> Option<(u64, usize)> {
+        let slot = slot_of(self.next_seq);
+        self.slots[slot].is_none().then_some((self.next_seq, slot))
+    }
+
+    /// Capture the CTS entries of the next message (all `nreqs` of them, each carrying
+    /// `seq + 1`, as read from the ring).
+    ///
+    /// # Errors
+    /// `Remote` when the entries are inconsistent (the receiver broke the protocol).
+    pub fn handle_cts(&mut self, entries: Vec<Cts>) -> Result<()> {
+        let seq = self.next_seq;
+        let n = entries.len();
+        let consistent = (1..=MAX_RECVS).contains(&n)
+            && entries
+                .iter()
+                .all(|e| e.seq_plus_one == seq + 1 && e.nreqs as usize == n);
+        if !consistent {
+            return Err(Error::new(
+                Kind::Remote,
+                format!("inconsistent CTS for message {seq}"),
+            ));
+        }
+        self.slots[slot_of(seq)] = Some(SendSlot {
+            seq,
+            matched: vec![None; n],
+            tested: vec![false; n],
+            cts: entries,
+            pending: 0,
+            posted: false,
+        });
+        Ok(())
+    }
+
+    /// Match `buf` to the next message's entry with the same tag. `Ok(None)`: the CTS has not
+    /// arrived yet, NCCL retries later.
+    ///
+    /// # Errors
+    /// `Misuse` when no unmatched entry of the message carries this tag.
+    pub fn isend(&mut self, buf: SendBuf) -> Result<Option<Accepted>> {
+        let seq = self.next_seq;
+        let slot_index = slot_of(seq);
+        let Some(slot) = self.slots[slot_index]
+            .as_mut()
+            .filter(|s| s.seq == seq && !s.posted)
+        else {
+            return Ok(None);
+        };
+        let entry = (0..slot.cts.len())
+            .find(|&i| slot.matched[i].is_none() && slot.cts[i].tag == buf.tag)
+            .ok_or_else(|| {
+                Error::misuse(format!(
+                    "isend with tag {} matches no posted receive of message {seq}",
+                    buf.tag
+                ))
+            })?;
+        let capacity = slot.cts[entry].size;
+        let truncated = (buf.size > capacity).then_some((buf.size, capacity));
+        slot.matched[entry] = Some(SendBuf {
+            size: buf.size.min(capacity),
+            ..buf
+        });
+        let mut accepted = Accepted {
+            slot: slot_index,
+            entry,
+            truncated,
+            posts: Vec::new(),
+        };
+        if slot.matched.iter().all(Option::is_some) {
+            accepted.posts = self.layout_posts(slot_index);
+            self.next_seq += 1;
+        }
+        Ok(Some(accepted))
+    }
+
+    fn layout_posts(&mut self, slot_index: usize) -> Vec<Post> {
+        let layout = self.layout;
+        let Some(slot) = self.slots[slot_index].as_mut() else {
+            return Vec::new();
+        };
+        let qps = layout.qps_for(slot.seq);
+        let used = qps.len();
+        let n = slot.cts.len();
+        let bufs: Vec<SendBuf> = slot.matched.iter().flatten().copied().collect();
+        let mut posts = Vec::new();
+        for (pos, qp) in qps.enumerate() {
+            if n == 1 {
+                let (cts, buf) = (slot.cts[0], bufs[0]);
+                let (off, len) = Layout::chunk(buf.size, pos, used);
+                posts.push(Post::WriteImm {
+                    qp,
+                    local_addr: buf.addr + off,
+                    lkey: buf.lkey,
+                    len,
+                    remote_addr: cts.addr + off,
+                    rkey: cts.rkey,
+                    imm: u32::try_from(len).unwrap_or(u32::MAX),
+                    slot: slot_index,
+                });
+                continue;
+            }
+            let mut sizes = [0u32; MAX_RECVS];
+            for (i, (cts, buf)) in slot.cts.iter().zip(&bufs).enumerate() {
+                sizes[i] = u32::try_from(buf.size).unwrap_or(u32::MAX);
+                let (off, len) = Layout::chunk(buf.size, pos, used);
+                if len > 0 {
+                    posts.push(Post::Write {
+                        qp,
+                        local_addr: buf.addr + off,
+                        lkey: buf.lkey,
+                        len,
+                        remote_addr: cts.addr + off,
+                        rkey: cts.rkey,
+                    });
+                }
+            }
+            posts.push(Post::Sizes {
+                qp,
+                slot: slot_index,
+                sizes,
+            });
+            let first = slot.cts[0];
+            posts.push(Post::WriteImm {
+                qp,
+                local_addr: bufs[0].addr,
+                lkey: bufs[0].lkey,
+                len: 0,
+                remote_addr: first.addr,
+                rkey: first.rkey,
+                imm: 0,
+                slot: slot_index,
+            });
+        }
+        slot.pending = used;
+        slot.posted = true;
+        posts
+    }
+
+    /// Account for the signaled write-with-immediate of `slot` completing on one QP.
+    ///
+    /// # Errors
+    /// `Misuse` for a slot with nothing in flight (a stray completion).
+    pub fn handle_completion(&mut self, slot: usize) -> Result<()> {
+        let s = self
+            .slots
+            .get_mut(slot)
+            .and_then(Option::as_mut)
+            .filter(|s| s.pending > 0);
+        let s = s.ok_or_else(|| Error::misuse(format!("send completion for idle slot {slot}")))?;
+        s.pending -= 1;
+        Ok(())
+    }
+
+    /// Bytes delivered by the send matched to `entry` of `slot`, once its message completed.
+    pub fn poll_done(&self, slot: usize, entry: usize) -> Option<u64> {
+        let s = self.slots.get(slot)?.as_ref()?;
+        if !s.posted || s.pending > 0 {
+            return None;
+        }
+        s.matched.get(entry).copied().flatten().map(|b| b.size)
+    }
+
+    /// NCCL saw `entry` of `slot` done; the slot is freed when all its entries were.
+    pub fn release(&mut self, slot: usize, entry: usize) {
+        let Some(s) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if let Some(t) = s.tested.get_mut(entry) {
+            *t = true;
+        }
+        if s.tested.iter().all(|&t| t) {
+            self.slots[slot] = None;
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "proto_sim.rs"]
+mod sim;

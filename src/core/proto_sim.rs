@@ -1,0 +1,378 @@
+//! Two-sided simulation: a `SendSide` and a `RecvSide` wired together through simulated memory
+//! and per-QP in-order queues, so every `Post` and `CtsPost` one side produces becomes the other
+//! side's input. It tests the state machines (matching, slots, chunking, truncation), not a NIC.
+
+use std::collections::VecDeque;
+
+use super::*;
+
+const MEM: usize = 1 << 20;
+
+/// Deterministic xorshift, so failures reproduce.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+struct Pair {
+    send: SendSide,
+    recv: RecvSide,
+    ring: Vec<Option<Cts>>,
+    sizes_ring: Vec<[u32; MAX_RECVS]>,
+    sender_mem: Vec<u8>,
+    recv_mem: Vec<u8>,
+    wire: Vec<VecDeque<Post>>,
+    rng: Rng,
+}
+
+impl Pair {
+    fn new(nqps: usize, split: bool) -> Self {
+        let layout = Layout { nqps, split };
+        let sender_mem = (0..MEM).map(|i| (i % 251) as u8).collect();
+        Self {
+            send: SendSide::new(layout),
+            recv: RecvSide::new(layout),
+            ring: vec![None; SLOTS * MAX_RECVS],
+            sizes_ring: vec![[0; MAX_RECVS]; SLOTS],
+            sender_mem,
+            recv_mem: vec![0xee; MEM],
+            wire: vec![VecDeque::new(); nqps],
+            rng: Rng(0x2545_f491_4f6c_dd1d),
+        }
+    }
+
+    fn irecv(&mut self, bufs: &[RecvBuf]) -> Option<usize> {
+        let (_, cts) = self.recv.irecv(bufs).unwrap()?;
+        for (i, e) in cts.entries.iter().enumerate() {
+            self.ring[cts.slot * MAX_RECVS + i] = Some(*e);
+        }
+        Some(cts.slot)
+    }
+
+    /// What the sender's glue does: capture the CTS if it arrived, then `isend`.
+    fn isend(&mut self, buf: SendBuf) -> Result<Option<Accepted>> {
+        if let Some((seq, slot)) = self.send.wants_cts() {
+            let first = self.ring[slot * MAX_RECVS].filter(|c| c.seq_plus_one == seq + 1);
+            let Some(first) = first else { return Ok(None) };
+            let n = first.nreqs as usize;
+            let entries: Vec<Cts> = self.ring[slot * MAX_RECVS..slot * MAX_RECVS + n]
+                .iter()
+                .flatten()
+                .copied()
+                .collect();
+            self.send.handle_cts(entries)?;
+        }
+        let accepted = self.send.isend(buf)?;
+        if let Some(a) = &accepted {
+            for p in &a.posts {
+                let qp = match *p {
+                    Post::Write { qp, .. } | Post::Sizes { qp, .. } | Post::WriteImm { qp, .. } => {
+                        qp
+                    }
+                };
+                self.wire[qp].push_back(*p);
+            }
+        }
+        Ok(accepted)
+    }
+
+    fn copy(&mut self, local: u64, remote: u64, len: u64) {
+        let (l, r, n) = (local as usize, remote as usize, len as usize);
+        self.recv_mem[r..r + n].copy_from_slice(&self.sender_mem[l..l + n]);
+    }
+
+    /// Deliver everything, choosing the next QP at random (order within a QP is kept).
+    fn deliver_all(&mut self) {
+        while let Some(qp) = {
+            let busy: Vec<usize> = (0..self.wire.len())
+                .filter(|&q| !self.wire[q].is_empty())
+                .collect();
+            (!busy.is_empty()).then(|| busy[(self.rng.next() % busy.len() as u64) as usize])
+        } {
+            match self.wire[qp].pop_front().unwrap() {
+                Post::Write {
+                    local_addr,
+                    len,
+                    remote_addr,
+                    ..
+                } => self.copy(local_addr, remote_addr, len),
+                Post::Sizes { slot, sizes, .. } => self.sizes_ring[slot] = sizes,
+                Post::WriteImm {
+                    qp,
+                    local_addr,
+                    len,
+                    remote_addr,
+                    imm,
+                    slot,
+                    ..
+                } => {
+                    self.copy(local_addr, remote_addr, len);
+                    self.recv.handle_completion(qp, imm).unwrap();
+                    self.send.handle_completion(slot).unwrap();
+                }
+            }
+        }
+    }
+
+    /// Received sizes of the request in `slot`, as `test` reports them.
+    fn received(&self, slot: usize) -> Option<Vec<u64>> {
+        let done = self.recv.poll_done(slot)?;
+        Some(if done.n == 1 {
+            vec![done.imm_sum]
+        } else {
+            self.sizes_ring[slot][..done.n]
+                .iter()
+                .map(|&s| u64::from(s))
+                .collect()
+        })
+    }
+}
+
+fn rbuf(addr: u64, size: u64, tag: i32) -> RecvBuf {
+    RecvBuf {
+        addr,
+        size,
+        rkey: 7,
+        tag,
+    }
+}
+fn sbuf(addr: u64, size: u64, tag: i32) -> SendBuf {
+    SendBuf {
+        addr,
+        size,
+        lkey: 3,
+        tag,
+    }
+}
+
+fn transfer(nqps: usize, split: bool, size: u64) {
+    let mut p = Pair::new(nqps, split);
+    let dst = 4096;
+    let slot = p.irecv(&[rbuf(dst, size, 1)]).unwrap();
+    let a = p.isend(sbuf(100, size, 1)).unwrap().unwrap();
+    assert_eq!((a.slot, a.entry, a.truncated), (slot, 0, None));
+    assert_eq!(
+        p.send.poll_done(a.slot, 0),
+        None,
+        "not done before delivery"
+    );
+    p.deliver_all();
+    assert_eq!(
+        p.received(slot),
+        Some(vec![size]),
+        "nqps={nqps} split={split} size={size}"
+    );
+    assert_eq!(p.send.poll_done(a.slot, 0), Some(size));
+    let (d, s) = (dst as usize, size as usize);
+    assert_eq!(
+        &p.recv_mem[d..d + s],
+        &p.sender_mem[100..100 + s],
+        "payload"
+    );
+    assert_eq!(p.recv_mem[d + s], 0xee, "nothing written past the message");
+}
+
+#[test]
+fn transfers_are_byte_exact_for_every_size_and_layout() {
+    for size in [0, 1, 127, 128, 129, 1000, 4096, 65_537, 300_001] {
+        transfer(1, false, size);
+        transfer(4, false, size);
+        transfer(4, true, size);
+        transfer(3, true, size);
+    }
+}
+
+#[test]
+fn isend_returns_none_until_cts_arrives() {
+    let mut p = Pair::new(1, false);
+    assert_eq!(p.isend(sbuf(0, 10, 0)).unwrap(), None);
+    p.irecv(&[rbuf(0, 10, 0)]).unwrap();
+    assert!(p.isend(sbuf(0, 10, 0)).unwrap().is_some());
+}
+
+#[test]
+fn oversized_send_is_truncated_to_the_posted_size() {
+    let mut p = Pair::new(2, true);
+    let slot = p.irecv(&[rbuf(1000, 600, 5)]).unwrap();
+    let a = p.isend(sbuf(0, 1000, 5)).unwrap().unwrap();
+    assert_eq!(a.truncated, Some((1000, 600)));
+    p.deliver_all();
+    assert_eq!(p.received(slot), Some(vec![600]));
+    assert_eq!(p.send.poll_done(a.slot, 0), Some(600));
+    assert_eq!(&p.recv_mem[1000..1600], &p.sender_mem[0..600]);
+    assert!(
+        p.recv_mem[1600..1700].iter().all(|&b| b == 0xee),
+        "guard bytes untouched"
+    );
+}
+
+#[test]
+fn grouped_receive_matches_sends_by_tag_in_any_order() {
+    let mut p = Pair::new(2, false);
+    let bufs: Vec<RecvBuf> = (0..8)
+        .map(|i| rbuf(10_000 * (i + 1), 5000, i as i32))
+        .collect();
+    let slot = p.irecv(&bufs).unwrap();
+    let mut accepted = Vec::new();
+    for tag in [3, 0, 7, 1, 6, 2, 5, 4] {
+        let size = 100 * (tag as u64 + 1);
+        let a = p
+            .isend(sbuf(tag as u64 * 1000, size, tag))
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.entry, tag as usize, "tag selects the buffer");
+        assert_eq!(
+            a.posts.is_empty(),
+            tag != 4,
+            "posts only once the group is complete"
+        );
+        accepted.push((tag, a));
+    }
+    p.deliver_all();
+    let sizes: Vec<u64> = (0..8).map(|t| 100 * (t + 1)).collect();
+    assert_eq!(p.received(slot), Some(sizes));
+    for (tag, a) in accepted {
+        let (dst, src, len) = (
+            10_000 * (tag as usize + 1),
+            tag as usize * 1000,
+            100 * (tag as usize + 1),
+        );
+        assert_eq!(&p.recv_mem[dst..dst + len], &p.sender_mem[src..src + len]);
+        assert_eq!(p.send.poll_done(a.slot, a.entry), Some(len as u64));
+    }
+}
+
+#[test]
+fn unknown_tag_is_misuse() {
+    let mut p = Pair::new(1, false);
+    p.irecv(&[rbuf(0, 8, 1), rbuf(8, 8, 2)]).unwrap();
+    p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
+    let e = p.isend(sbuf(0, 8, 1)).unwrap_err();
+    assert_eq!(e.kind(), Kind::Misuse);
+    assert!(e.to_string().contains("tag 1"), "{e}");
+}
+
+#[test]
+fn thirty_two_receives_in_flight_then_slots_recycle() {
+    let mut p = Pair::new(2, false);
+    let slots: Vec<usize> = (0..SLOTS)
+        .map(|i| p.irecv(&[rbuf(64 * i as u64, 64, 0)]).unwrap())
+        .collect();
+    assert_eq!(
+        p.irecv(&[rbuf(0, 64, 0)]),
+        None,
+        "33rd receive waits for a free slot"
+    );
+    let sends: Vec<Accepted> = (0..SLOTS)
+        .map(|i| p.isend(sbuf(i as u64, 64, 0)).unwrap().unwrap())
+        .collect();
+    p.deliver_all();
+    for (slot, a) in slots.iter().zip(&sends) {
+        assert_eq!(p.received(*slot), Some(vec![64]));
+        p.recv.release(*slot);
+        assert_eq!(p.send.poll_done(a.slot, 0), Some(64));
+        p.send.release(a.slot, 0);
+    }
+    assert_eq!(p.recv.in_flight(), 0);
+    for round in 0..3 * SLOTS {
+        let slot = p.irecv(&[rbuf(0, 16, 9)]).unwrap();
+        let a = p.isend(sbuf(round as u64, 16, 9)).unwrap().unwrap();
+        p.deliver_all();
+        assert_eq!(p.received(slot), Some(vec![16]));
+        assert_eq!(p.recv_mem[0], p.sender_mem[round]);
+        p.recv.release(slot);
+        p.send.release(a.slot, 0);
+    }
+}
+
+#[test]
+fn sender_waits_for_its_own_completion_before_reusing_a_slot() {
+    let mut p = Pair::new(1, false);
+    let slot = p.irecv(&[rbuf(0, 8, 0)]).unwrap();
+    let a = p.isend(sbuf(0, 8, 0)).unwrap().unwrap();
+    p.deliver_all();
+    p.recv.release(slot);
+    // The receiver cycles through every slot while the sender never tests message 0.
+    for _ in 1..SLOTS {
+        let s = p.irecv(&[rbuf(0, 8, 0)]).unwrap();
+        let b = p.isend(sbuf(0, 8, 0)).unwrap().unwrap();
+        p.deliver_all();
+        p.recv.release(s);
+        p.send.release(b.slot, 0);
+    }
+    p.irecv(&[rbuf(0, 8, 0)]).unwrap();
+    assert_eq!(
+        p.isend(sbuf(0, 8, 0)).unwrap(),
+        None,
+        "slot 0 still owned by an untested send"
+    );
+    p.send.release(a.slot, 0);
+    assert!(p.isend(sbuf(0, 8, 0)).unwrap().is_some());
+}
+
+#[test]
+fn stray_completions_are_errors() {
+    let mut r = RecvSide::new(Layout {
+        nqps: 2,
+        split: false,
+    });
+    assert_eq!(r.handle_completion(1, 0).unwrap_err().kind(), Kind::Remote);
+    assert_eq!(r.handle_completion(9, 0).unwrap_err().kind(), Kind::Remote);
+    let mut s = SendSide::new(Layout {
+        nqps: 1,
+        split: false,
+    });
+    assert_eq!(s.handle_completion(0).unwrap_err().kind(), Kind::Misuse);
+}
+
+#[test]
+fn irecv_rejects_bad_group_sizes() {
+    let mut r = RecvSide::new(Layout {
+        nqps: 1,
+        split: false,
+    });
+    assert_eq!(r.irecv(&[]).unwrap_err().kind(), Kind::Misuse);
+    assert_eq!(
+        r.irecv(&[rbuf(0, 1, 0); 9]).unwrap_err().kind(),
+        Kind::Misuse
+    );
+}
+
+#[test]
+fn chunks_cover_the_payload_with_aligned_offsets() {
+    for size in [0u64, 1, 127, 128, 1000, 4097, 1 << 20, 1_000_003] {
+        for used in 1..=8 {
+            let mut next = 0;
+            for pos in 0..used {
+                let (off, len) = Layout::chunk(size, pos, used);
+                assert_eq!(off, next, "contiguous");
+                assert!(off % CHUNK_ALIGN == 0 || len == 0, "aligned");
+                next = off + len;
+            }
+            assert_eq!(next, size, "size={size} used={used}");
+        }
+    }
+}
+
+#[test]
+fn rotation_spreads_messages_over_qps() {
+    let l = Layout {
+        nqps: 3,
+        split: false,
+    };
+    let used: Vec<usize> = (0..6).map(|s| l.qps_for(s).start).collect();
+    assert_eq!(used, [0, 1, 2, 0, 1, 2]);
+    assert_eq!(
+        Layout {
+            nqps: 3,
+            split: true
+        }
+        .qps_for(5),
+        0..3
+    );
+}

@@ -1,0 +1,241 @@
+//! RoCE GID selection (nccl-net-abi.md §3.7): `NCCL_IB_GID_INDEX` when set; otherwise the GID
+//! with the preferred address family (IPv4-mapped by default) and RoCE version, falling back to
+//! IPv6 when a port has no IPv4 GID.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
+
+use crate::core::config::AddrFamily;
+
+/// One populated entry of a port's GID table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GidEntry {
+    /// Index in the table.
+    pub index: u32,
+    /// The GID.
+    pub gid: [u8; 16],
+    /// RoCE version from `gid_attrs/types/<index>` (`None` when unreadable).
+    pub roce_version: Option<u8>,
+    /// Network interface from `gid_attrs/ndevs/<index>`.
+    pub netdev: Option<String>,
+}
+
+impl GidEntry {
+    /// The GID as an IP address (IPv4 for IPv4-mapped GIDs).
+    pub fn ip(&self) -> IpAddr {
+        let v6 = Ipv6Addr::from(self.gid);
+        v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+    }
+
+    /// Address family of the GID.
+    pub fn family(&self) -> AddrFamily {
+        match self.ip() {
+            IpAddr::V4(_) => AddrFamily::V4,
+            IpAddr::V6(_) => AddrFamily::V6,
+        }
+    }
+
+    fn is_link_local(&self) -> bool {
+        self.gid[0] == 0xfe && self.gid[1] & 0xc0 == 0x80
+    }
+}
+
+impl fmt::Display for GidEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GID index {} {}", self.index, Ipv6Addr::from(self.gid))?;
+        if let Some(v) = self.roce_version {
+            write!(f, " (RoCE v{v})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Parse a `gid_attrs/types/<i>` line: "IB/RoCE v1", "RoCE v1" → 1, "RoCE v2" → 2.
+pub fn parse_roce_version(text: &str) -> Option<u8> {
+    let t = text.trim();
+    if t.ends_with("v2") {
+        Some(2)
+    } else if t.ends_with("v1") {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+/// Parse a `gids/<i>` line: eight colon-separated groups of four hex digits.
+pub fn parse_gid(text: &str) -> Option<[u8; 16]> {
+    let groups: Vec<&str> = text.trim().split(':').collect();
+    if groups.len() != 8 {
+        return None;
+    }
+    let mut gid = [0u8; 16];
+    for (i, g) in groups.iter().enumerate() {
+        let v = u16::from_str_radix(g, 16).ok()?;
+        gid[2 * i..2 * i + 2].copy_from_slice(&v.to_be_bytes());
+    }
+    Some(gid)
+}
+
+/// Choose the GID for a RoCE port among its populated entries.
+///
+/// # Errors
+/// A message naming the port's table when the requested index is absent or no entry is usable.
+pub fn select_gid(
+    entries: &[GidEntry],
+    fixed_index: Option<u32>,
+    family: AddrFamily,
+    roce_version: u32,
+) -> Result<GidEntry, String> {
+    let listing = || {
+        entries
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some(index) = fixed_index {
+        return entries
+            .iter()
+            .find(|e| e.index == index)
+            .cloned()
+            .ok_or_else(|| {
+                format!(
+                    "NCCL_IB_GID_INDEX={index} is not a populated GID (table: {})",
+                    listing()
+                )
+            });
+    }
+    let rank = |e: &GidEntry| {
+        (
+            !e.is_link_local(),
+            e.family() == family,
+            e.roce_version.map(u32::from) == Some(roce_version),
+            std::cmp::Reverse(e.index),
+        )
+    };
+    entries
+        .iter()
+        .filter(|e| e.gid != [0; 16])
+        .max_by_key(|e| rank(e))
+        .cloned()
+        .ok_or_else(|| "the port has no populated GID".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(index: u32, gid: &str, version: u8) -> GidEntry {
+        GidEntry {
+            index,
+            gid: parse_gid(gid).unwrap(),
+            roce_version: Some(version),
+            netdev: Some("eth0".into()),
+        }
+    }
+
+    fn rxe_table() -> Vec<GidEntry> {
+        vec![
+            entry(0, "fe80:0000:0000:0000:a866:21ff:fe67:2270", 2),
+            entry(1, "0000:0000:0000:0000:0000:ffff:7f00:0101", 2),
+        ]
+    }
+
+    fn cx7_table() -> Vec<GidEntry> {
+        vec![
+            entry(0, "fe80:0000:0000:0000:0e42:a1ff:fe00:0001", 1),
+            entry(1, "fe80:0000:0000:0000:0e42:a1ff:fe00:0001", 2),
+            entry(2, "0000:0000:0000:0000:0000:ffff:0a00:0001", 1),
+            entry(3, "0000:0000:0000:0000:0000:ffff:0a00:0001", 2),
+            entry(4, "fd00:0000:0000:0000:0000:0000:0000:0001", 1),
+            entry(5, "fd00:0000:0000:0000:0000:0000:0000:0001", 2),
+        ]
+    }
+
+    #[test]
+    fn parses_sysfs_text() {
+        assert_eq!(parse_roce_version("RoCE v2\n"), Some(2));
+        assert_eq!(parse_roce_version("IB/RoCE v1"), Some(1));
+        assert_eq!(parse_roce_version("garbage"), None);
+        let g = parse_gid("0000:0000:0000:0000:0000:ffff:7f00:0101\n").unwrap();
+        assert_eq!(
+            GidEntry {
+                index: 1,
+                gid: g,
+                roce_version: None,
+                netdev: None
+            }
+            .ip()
+            .to_string(),
+            "127.0.1.1"
+        );
+        assert_eq!(parse_gid("1:2:3"), None);
+    }
+
+    #[test]
+    fn auto_prefers_ipv4_roce_v2() {
+        assert_eq!(
+            select_gid(&cx7_table(), None, AddrFamily::V4, 2)
+                .unwrap()
+                .index,
+            3
+        );
+        assert_eq!(
+            select_gid(&rxe_table(), None, AddrFamily::V4, 2)
+                .unwrap()
+                .index,
+            1
+        );
+    }
+
+    #[test]
+    fn family_and_version_preferences_are_honoured() {
+        assert_eq!(
+            select_gid(&cx7_table(), None, AddrFamily::V4, 1)
+                .unwrap()
+                .index,
+            2
+        );
+        assert_eq!(
+            select_gid(&cx7_table(), None, AddrFamily::V6, 2)
+                .unwrap()
+                .index,
+            5
+        );
+    }
+
+    #[test]
+    fn falls_back_to_ipv6_without_an_ipv4_gid() {
+        let table: Vec<GidEntry> = cx7_table()
+            .into_iter()
+            .filter(|e| e.family() == AddrFamily::V6)
+            .collect();
+        assert_eq!(
+            select_gid(&table, None, AddrFamily::V4, 2).unwrap().index,
+            5
+        );
+        let link_local_only = vec![cx7_table()[1].clone()];
+        assert_eq!(
+            select_gid(&link_local_only, None, AddrFamily::V4, 2)
+                .unwrap()
+                .index,
+            1
+        );
+    }
+
+    #[test]
+    fn fixed_index_wins_or_explains() {
+        assert_eq!(
+            select_gid(&cx7_table(), Some(0), AddrFamily::V4, 2)
+                .unwrap()
+                .index,
+            0
+        );
+        let e = select_gid(&rxe_table(), Some(7), AddrFamily::V4, 2).unwrap_err();
+        assert!(
+            e.contains("NCCL_IB_GID_INDEX=7") && e.contains("GID index 1"),
+            "{e}"
+        );
+        assert!(select_gid(&[], None, AddrFamily::V4, 2).is_err());
+    }
+}

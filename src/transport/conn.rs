@@ -1,0 +1,284 @@
+//! What both ends of a connection share: sizes of the QPs and rings, the handshake message each
+//! side builds, the compatibility check on the peer's message, QP bring-up, and the plain-words
+//! description of a failed work completion.
+
+use std::net::{Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use super::DeviceContext;
+use crate::core::error::{Error, Kind, Result};
+use crate::core::proto::SLOTS;
+use crate::core::wire::{Cts, Hello, MAX_RECVS};
+use crate::verbs::{
+    Access, Completion, CompletionQueue, PathParams, QpCaps, QueuePair, RemoteEndpoint,
+};
+
+/// Bytes of the sender's CTS ring: one slot of `MAX_RECVS` entries per message slot.
+pub(super) const CTS_RING_BYTES: usize = SLOTS * MAX_RECVS * Cts::LEN;
+/// Bytes of one slot of the receiver's sizes ring (`MAX_RECVS` u32 sizes).
+pub(super) const SIZES_SLOT_BYTES: usize = MAX_RECVS * 4;
+/// Bytes of the sizes ring.
+pub(super) const SIZES_RING_BYTES: usize = SLOTS * SIZES_SLOT_BYTES;
+
+/// Sender QPs: per message up to `MAX_RECVS` writes, a sizes write and the closing write.
+pub(super) const SEND_QP_CAPS: QpCaps = QpCaps {
+    max_send_wr: (SLOTS * (MAX_RECVS + 2)) as u32,
+    max_recv_wr: 1,
+};
+/// Receiver QPs: one receive per message in flight, CTS writes signaled every `CTS_SIGNAL_EVERY`.
+pub(super) const RECV_QP_CAPS: QpCaps = QpCaps {
+    max_send_wr: (2 * SLOTS) as u32,
+    max_recv_wr: SLOTS as u32,
+};
+/// Every n-th CTS write is signaled so the receiver's send queue drains.
+pub(super) const CTS_SIGNAL_EVERY: u64 = 8;
+
+/// `wr_id` kinds (top byte); the low bits carry a slot or flush index.
+pub(super) const WR_SEND_DONE: u64 = 1 << 56;
+pub(super) const WR_CTS: u64 = 2 << 56;
+pub(super) const WR_FLUSH: u64 = 3 << 56;
+pub(super) const WR_RECV: u64 = 4 << 56;
+pub(super) const WR_DATA: u64 = 5 << 56;
+pub(super) const WR_INDEX_MASK: u64 = (1 << 56) - 1;
+
+const LINK_LAYER_ETHERNET: u8 = 2;
+
+/// The QPs of one connection and their CQ.
+#[derive(Debug)]
+pub(super) struct QpSet {
+    pub(super) cq: Arc<CompletionQueue>,
+    pub(super) qps: Vec<QueuePair>,
+}
+
+impl QpSet {
+    /// Create `n` QPs in INIT with `access` rights for the peer, plus room in the CQ for `extra`
+    /// more work requests (the flush QP).
+    pub(super) fn new(
+        ctx: &DeviceContext,
+        n: usize,
+        caps: QpCaps,
+        access: Access,
+        extra: u32,
+    ) -> Result<Self> {
+        let per_qp = caps.max_send_wr + caps.max_recv_wr;
+        let cq = CompletionQueue::new(&ctx.device, per_qp * n as u32 + extra + 16)?;
+        let port = u8::try_from(ctx.net.port).unwrap_or(1);
+        let qps = (0..n)
+            .map(|_| {
+                let qp = QueuePair::new(&ctx.pd, &cq, caps)?;
+                qp.to_init(port, access)?;
+                Ok(qp)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { cq, qps })
+    }
+
+    /// QP index of the QP numbered `qpn`.
+    pub(super) fn index_of(&self, qpn: u32) -> Option<usize> {
+        self.qps.iter().position(|q| q.qpn() == qpn)
+    }
+
+    /// Bring every QP to RTS towards the peer's QPs, pairwise.
+    pub(super) fn connect(&self, remote: &Hello, path: &PathParams) -> Result<()> {
+        for (qp, &qpn) in self.qps.iter().zip(&remote.qpns) {
+            qp.to_rtr(
+                &RemoteEndpoint {
+                    qpn,
+                    lid: remote.lid,
+                    gid: remote.gid,
+                },
+                path,
+            )?;
+            qp.to_rts(path)?;
+        }
+        Ok(())
+    }
+}
+
+/// The handshake message describing this side.
+pub(super) fn local_hello(
+    ctx: &DeviceContext,
+    qps: &QpSet,
+    nonce: u64,
+    ring_addr: u64,
+    ring_rkey: u32,
+    split: bool,
+) -> Hello {
+    Hello {
+        nonce,
+        qpns: qps.qps.iter().map(QueuePair::qpn).collect(),
+        lid: ctx.lid,
+        port: u8::try_from(ctx.net.port).unwrap_or(1),
+        mtu: ctx.mtu,
+        link_layer: ctx.link_layer,
+        gid: ctx.gid.gid,
+        gid_index: ctx.gid.index,
+        roce_version: ctx.gid.roce_version.unwrap_or(0),
+        ring_addr,
+        ring_rkey,
+        traffic_class: ctx.config.traffic_class,
+        service_level: ctx.config.service_level,
+        split_data: split,
+        device: ctx.name().to_owned(),
+    }
+}
+
+fn describe_gid(gid: &[u8; 16], index: u32, version: u8) -> String {
+    let v6 = Ipv6Addr::from(*gid);
+    let ip = v6
+        .to_ipv4_mapped()
+        .map_or_else(|| format!("{v6} (IPv6)"), |v4| format!("{v6} (IPv4 {v4})"));
+    if version == 0 {
+        format!("GID index {index} {ip}")
+    } else {
+        format!("GID index {index} {ip} RoCE v{version}")
+    }
+}
+
+/// `"rxe0 GID index 1 ::ffff:127.0.0.1 (IPv4 127.0.0.1) RoCE v2"` for this side.
+pub(super) fn describe_local(ctx: &DeviceContext) -> String {
+    format!(
+        "{} {}",
+        ctx.name(),
+        describe_gid(
+            &ctx.gid.gid,
+            ctx.gid.index,
+            ctx.gid.roce_version.unwrap_or(0)
+        )
+    )
+}
+
+/// The same for the peer, with its address.
+pub(super) fn describe_remote(remote: &Hello, peer: SocketAddr) -> String {
+    format!(
+        "{} at {peer} {}",
+        remote.device,
+        describe_gid(&remote.gid, remote.gid_index, remote.roce_version)
+    )
+}
+
+/// Refuse a peer whose link layer or GID kind differs from ours: such QPs would connect and then
+/// fail every transfer with "retry exceeded", which is much harder to diagnose.
+pub(super) fn check_peer(ctx: &DeviceContext, remote: &Hello, peer: SocketAddr) -> Result<()> {
+    if remote.qpns.len() != ctx.config.qps_per_connection as usize {
+        return Err(Error::config(format!(
+            "NCCL_IB_QPS_PER_CONNECTION differs: {} here, {} on {}: set the same value on every node",
+            ctx.config.qps_per_connection,
+            remote.qpns.len(),
+            describe_remote(remote, peer)
+        )));
+    }
+    if remote.link_layer != ctx.link_layer {
+        return Err(Error::config(format!(
+            "link layers differ: {} is {} but {} is {}",
+            ctx.name(),
+            link_layer_name(ctx.link_layer),
+            describe_remote(remote, peer),
+            link_layer_name(remote.link_layer)
+        )));
+    }
+    if ctx.link_layer == LINK_LAYER_ETHERNET {
+        let local_v4 = Ipv6Addr::from(ctx.gid.gid).to_ipv4_mapped().is_some();
+        let remote_v4 = Ipv6Addr::from(remote.gid).to_ipv4_mapped().is_some();
+        let local_version = ctx.gid.roce_version.unwrap_or(0);
+        if local_v4 != remote_v4 || local_version != remote.roce_version {
+            return Err(Error::config(format!(
+                "GID mismatch: local {} vs remote {}: both sides must use the same address family \
+                 and RoCE version (NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ROCE_VERSION_NUM)",
+                describe_local(ctx),
+                describe_remote(remote, peer)
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn link_layer_name(code: u8) -> &'static str {
+    match code {
+        LINK_LAYER_ETHERNET => "RoCE",
+        0 | 1 => "InfiniBand",
+        _ => "unknown",
+    }
+}
+
+/// Path parameters for QPs towards `remote`, with the sender's traffic class and service level.
+pub(super) fn path_params(
+    ctx: &DeviceContext,
+    remote: &Hello,
+    traffic_class: u8,
+    service_level: u8,
+) -> PathParams {
+    PathParams {
+        port: u8::try_from(ctx.net.port).unwrap_or(1),
+        mtu: ctx.mtu.min(remote.mtu),
+        global: ctx.link_layer == LINK_LAYER_ETHERNET,
+        sgid_index: u8::try_from(ctx.gid.index).unwrap_or(0),
+        traffic_class,
+        service_level,
+        timeout: ctx.config.ib_timeout,
+        retry_cnt: ctx.config.retry_cnt,
+    }
+}
+
+fn wr_kind_name(wr_id: u64) -> &'static str {
+    match wr_id & !WR_INDEX_MASK {
+        WR_SEND_DONE => "RDMA write-with-immediate (end of a send)",
+        WR_DATA => "RDMA write (payload)",
+        WR_CTS => "RDMA write (clear-to-send)",
+        WR_FLUSH => "RDMA read (flush)",
+        WR_RECV => "receive (write-with-immediate from the peer)",
+        _ => "work request",
+    }
+}
+
+/// A failed completion in plain words: status, operation, QP, both GIDs, the likely cause.
+pub(super) fn completion_error(
+    c: &Completion,
+    local: &str,
+    remote: &str,
+    anything_completed: bool,
+) -> Error {
+    // ibv_wc_status values.
+    let (kind, cause) = match c.status {
+        12 if !anything_completed => (
+            Kind::Remote,
+            "retry exceeded before anything completed on this connection: the peer is unreachable \
+             at this GID (GID index / route / VLAN mismatch; check NCCL_IB_GID_INDEX on both nodes)",
+        ),
+        12 => (
+            Kind::Remote,
+            "retry exceeded: the peer stopped answering (process gone, link down, or congestion; NCCL_IB_TIMEOUT)",
+        ),
+        13 => (
+            Kind::Remote,
+            "receiver not ready retry exceeded: the peer posted no receive",
+        ),
+        4 => (
+            Kind::System,
+            "local protection error: a buffer is not covered by its registration, or PCIe ACS/IOMMU \
+             blocks peer-to-peer DMA (test with NCCL_NET_GDR_LEVEL=0)",
+        ),
+        10 => (
+            Kind::Remote,
+            "remote access error: the peer's registration rejected the access (deregistered buffer or wrong key)",
+        ),
+        5 => (
+            Kind::Remote,
+            "flushed: the QP had already failed on an earlier error",
+        ),
+        1 | 2 | 8 => (Kind::System, "local error in the NIC or driver"),
+        _ => (Kind::Remote, "the peer or the network reported an error"),
+    };
+    Error::new(
+        kind,
+        format!(
+            "work completion failed: {} (status {}, vendor_err {:#x}) for {} on QP {:#x}; local {local}, \
+             remote {remote}; likely cause: {cause}",
+            c.status_name(),
+            c.status,
+            c.vendor_err,
+            wr_kind_name(c.wr_id),
+            c.qp_num
+        ),
+    )
+}

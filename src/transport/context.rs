@@ -1,0 +1,235 @@
+//! Per-device state shared by every comm on that device: the open device, one protection domain,
+//! the chosen GID, the out-of-band address, and the registration cache.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::mr::MrCache;
+use crate::core::config::Config;
+use crate::core::error::{Error, Result};
+use crate::topology::{GidEntry, LinkLayer, NetDevice, SysfsRoot, select_gid};
+use crate::verbs::{Device, InterfaceAddr, ProtectionDomain, interface_addrs};
+
+/// One NCCL device opened for connections.
+#[derive(Debug)]
+pub struct DeviceContext {
+    /// What topology chose (name, port, link layer).
+    pub net: NetDevice,
+    /// The configuration in force.
+    pub config: Config,
+    pub(super) device: Arc<Device>,
+    pub(super) pd: Arc<ProtectionDomain>,
+    /// GID used by every QP on this port (index 0 on InfiniBand).
+    pub gid: GidEntry,
+    /// Local ID (InfiniBand).
+    pub lid: u16,
+    /// Active MTU code.
+    pub mtu: u8,
+    /// Link layer code.
+    pub link_layer: u8,
+    /// Address the out-of-band listener binds.
+    pub oob_ip: IpAddr,
+    pub(super) mrs: Mutex<MrCache>,
+}
+
+impl DeviceContext {
+    /// Open `net` for connections.
+    ///
+    /// # Errors
+    /// `System` when the device or PD cannot be opened, `Config` when no GID or out-of-band
+    /// address can be chosen.
+    pub fn open(net: &NetDevice, config: &Config, sysfs: &SysfsRoot) -> Result<Arc<Self>> {
+        let device = Device::open(&net.device)?;
+        let pd = ProtectionDomain::new(&device)?;
+        let port = device.port_state(net.port)?;
+        let where_ = format!("{}:{}", net.device, net.port);
+        let gid = if net.link_layer == LinkLayer::Ethernet {
+            let entries = sysfs.port_gids(&net.device, net.port);
+            select_gid(
+                &entries,
+                config.gid_index,
+                config.addr_family,
+                config.roce_version,
+            )
+            .map_err(|why| Error::config(format!("no usable GID on {where_}: {why}")))?
+        } else {
+            GidEntry {
+                index: 0,
+                gid: [0; 16],
+                roce_version: None,
+                netdev: None,
+            }
+        };
+        let interfaces = interface_addrs()?;
+        let oob_ip = choose_oob_address(&interfaces, config.socket_ifname.as_deref(), &gid)
+            .map_err(|why| {
+                Error::config(format!(
+                    "no address for the out-of-band exchange of {where_}: {why}"
+                ))
+            })?;
+        tracing::info!(
+            target: crate::log::INIT_TARGET,
+            "NET/{}: {where_} uses {gid}, MTU code {}, out-of-band address {oob_ip}",
+            crate::plugin::PLUGIN_NAME,
+            port.active_mtu
+        );
+        Ok(Arc::new(Self {
+            net: net.clone(),
+            config: config.clone(),
+            device,
+            pd,
+            gid,
+            lid: port.lid,
+            mtu: port.active_mtu,
+            link_layer: port.link_layer,
+            oob_ip,
+            mrs: Mutex::new(MrCache::default()),
+        }))
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        self.device.name()
+    }
+}
+
+/// Where the out-of-band listener binds: `NCCL_SOCKET_IFNAME`'s address when set (prefix match,
+/// `=` for an exact name, `^` to exclude, as NCCL); else the IPv4 address carried by a RoCE GID;
+/// else an address of the GID's interface; else the first non-loopback IPv4 address.
+pub fn choose_oob_address(
+    interfaces: &[InterfaceAddr],
+    ifname: Option<&str>,
+    gid: &GidEntry,
+) -> std::result::Result<IpAddr, String> {
+    if let Some(spec) = ifname {
+        let (exclude, rest) = spec.strip_prefix('^').map_or((false, spec), |r| (true, r));
+        let (exact, rest) = rest.strip_prefix('=').map_or((false, rest), |r| (true, r));
+        let names: Vec<&str> = rest
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect();
+        let listed = |iface: &str| {
+            names.iter().any(|n| {
+                if exact {
+                    iface == *n
+                } else {
+                    iface.starts_with(n)
+                }
+            })
+        };
+        let mut candidates: Vec<&InterfaceAddr> = interfaces
+            .iter()
+            .filter(|i| listed(&i.name) != exclude)
+            .collect();
+        candidates.sort_by_key(|i| !i.addr.is_ipv4());
+        return candidates.first().map(|i| i.addr).ok_or_else(|| {
+            format!("NCCL_SOCKET_IFNAME='{spec}' matches no interface with an address")
+        });
+    }
+    if gid.gid != [0; 16] && gid.ip().is_ipv4() {
+        return Ok(gid.ip());
+    }
+    if let Some(i) = gid
+        .netdev
+        .as_ref()
+        .and_then(|dev| interfaces.iter().find(|i| &i.name == dev))
+    {
+        return Ok(i.addr);
+    }
+    interfaces
+        .iter()
+        .map(|i| i.addr)
+        .find(|a| a.is_ipv4() && !a.is_loopback())
+        .or_else(|| interfaces.iter().map(|i| i.addr).find(IpAddr::is_ipv4))
+        .ok_or_else(|| "no interface has an IPv4 address; set NCCL_SOCKET_IFNAME".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iface(name: &str, addr: &str) -> InterfaceAddr {
+        InterfaceAddr {
+            name: name.into(),
+            addr: addr.parse().unwrap(),
+        }
+    }
+
+    fn gid(ip: &str, netdev: Option<&str>) -> GidEntry {
+        let gid = match ip.parse::<IpAddr>().unwrap() {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            IpAddr::V6(v6) => v6.octets(),
+        };
+        GidEntry {
+            index: 1,
+            gid,
+            roce_version: Some(2),
+            netdev: netdev.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn roce_ipv4_gid_gives_the_address() {
+        let ifs = [iface("lo", "127.0.0.1"), iface("dummy0", "127.0.1.1")];
+        assert_eq!(
+            choose_oob_address(&ifs, None, &gid("127.0.1.1", Some("dummy0")))
+                .unwrap()
+                .to_string(),
+            "127.0.1.1"
+        );
+    }
+
+    #[test]
+    fn socket_ifname_wins_with_nccl_matching() {
+        let ifs = [
+            iface("eth0", "10.0.0.1"),
+            iface("eth1", "10.0.0.2"),
+            iface("ib0", "192.0.2.1"),
+        ];
+        let g = gid("10.0.0.1", None);
+        assert_eq!(
+            choose_oob_address(&ifs, Some("ib"), &g)
+                .unwrap()
+                .to_string(),
+            "192.0.2.1"
+        );
+        assert_eq!(
+            choose_oob_address(&ifs, Some("^eth"), &g)
+                .unwrap()
+                .to_string(),
+            "192.0.2.1"
+        );
+        assert_eq!(
+            choose_oob_address(&ifs, Some("=eth1"), &g)
+                .unwrap()
+                .to_string(),
+            "10.0.0.2"
+        );
+        let e = choose_oob_address(&ifs, Some("bond"), &g).unwrap_err();
+        assert!(e.contains("NCCL_SOCKET_IFNAME='bond'"), "{e}");
+    }
+
+    #[test]
+    fn ipv6_gid_uses_its_interface_then_any_ipv4() {
+        let ifs = [iface("lo", "127.0.0.1"), iface("eth0", "192.0.2.7")];
+        assert_eq!(
+            choose_oob_address(&ifs, None, &gid("fd00::1", Some("eth0")))
+                .unwrap()
+                .to_string(),
+            "192.0.2.7"
+        );
+        let ib = GidEntry {
+            index: 0,
+            gid: [0; 16],
+            roce_version: None,
+            netdev: None,
+        };
+        assert_eq!(
+            choose_oob_address(&ifs, None, &ib).unwrap().to_string(),
+            "192.0.2.7"
+        );
+    }
+}

@@ -1,0 +1,20 @@
+//! Glue between NCCL's calls, the sans-IO protocol core and the verbs objects: device contexts,
+//! the registration cache, the out-of-band handshake over non-blocking TCP, and the send and
+//! receive comms. Everything with a deadline reads the clock here, never in `core`.
+//!
+//! Unsafe code: only `mr.rs`, `send.rs` and `recv.rs` opt in, for one reason: they hand NCCL's
+//! buffers to the NIC (registration and posting). Their `unsafe fn`s carry NCCL's contract
+//! (buffers stay valid until `test` says done, registrations until `deregMr`) up to the C
+//! boundary, where `abi` discharges it.
+
+mod conn;
+mod context;
+mod mr;
+mod recv;
+mod send;
+mod wire_io;
+
+pub use context::{DeviceContext, choose_oob_address};
+pub use mr::{MrCache, MrHandle};
+pub use recv::{ListenComm, RECV_REQUESTS, RecvComm, RecvTarget};
+pub use send::{Connecting, SEND_REQUESTS, SendComm};

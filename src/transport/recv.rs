@@ -1,0 +1,493 @@
+//! The receiving end: the listen comm with its resumable accept, and the receive comm.
+#![allow(unsafe_code)] // posts NCCL buffers to the NIC (see the transport module doc)
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use super::DeviceContext;
+use super::conn::{
+    CTS_RING_BYTES, CTS_SIGNAL_EVERY, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES, SIZES_SLOT_BYTES,
+    WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV, check_peer, completion_error, describe_local,
+    describe_remote, local_hello, path_params,
+};
+use super::mr::MrHandle;
+use super::wire_io::HandshakeStream;
+use crate::core::error::{Error, Kind, Result};
+use crate::core::proto::{Layout, RecvBuf, RecvSide, SLOTS};
+use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS};
+use crate::verbs::{
+    Access, Completion, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair, RemoteEndpoint,
+    WorkRequest,
+};
+
+/// Requests a receive comm can have in flight: one per slot, plus as many flushes.
+pub const RECV_REQUESTS: usize = 2 * SLOTS;
+
+#[derive(Debug)]
+enum AcceptStage {
+    Listening,
+    Hello(HandshakeStream),
+    Ready {
+        stream: HandshakeStream,
+        comm: Box<RecvComm>,
+    },
+}
+
+/// A listening endpoint. `accept` is resumable; `closeListen` may come without any accept (NCCL
+/// does that with shared connections).
+#[derive(Debug)]
+pub struct ListenComm {
+    ctx: Arc<DeviceContext>,
+    listener: TcpListener,
+    handle: ListenHandle,
+    accepting: Mutex<(Option<Instant>, Option<AcceptStage>)>,
+}
+
+impl ListenComm {
+    /// Listen on the device's out-of-band address.
+    ///
+    /// # Errors
+    /// `System` when the socket cannot be bound.
+    pub fn new(ctx: Arc<DeviceContext>) -> Result<Self> {
+        let bind = SocketAddr::new(ctx.oob_ip, 0);
+        let listener = TcpListener::bind(bind)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| Error::system(format!("cannot listen on {bind}"), e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::system("getsockname on the listener", e))?;
+        let handle = ListenHandle {
+            addr,
+            nonce: random_nonce(),
+        };
+        Ok(Self {
+            ctx,
+            listener,
+            handle,
+            accepting: Mutex::new((None, Some(AcceptStage::Listening))),
+        })
+    }
+
+    /// What `listen` returns to NCCL for the peer.
+    pub fn handle(&self) -> ListenHandle {
+        self.handle
+    }
+
+    /// Advance the accept; `Ok(Some)` when connected.
+    ///
+    /// # Errors
+    /// `Remote` when the peer misbehaves or the deadline passes; `Config` for an incompatible
+    /// peer; `System` for verbs failures.
+    pub fn accept(&self) -> Result<Option<RecvComm>> {
+        let mut guard = self.accepting.lock();
+        let deadline = *guard
+            .0
+            .get_or_insert_with(|| Instant::now() + self.ctx.config.connect_timeout);
+        loop {
+            let stage = guard
+                .1
+                .take()
+                .ok_or_else(|| Error::misuse("accept called again after it completed or failed"))?;
+            let next = match stage {
+                AcceptStage::Listening => match self.listener.accept() {
+                    Ok((tcp, peer)) => {
+                        AcceptStage::Hello(HandshakeStream::new(tcp, peer, deadline)?)
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() > deadline {
+                            return Err(Error::new(
+                                Kind::Remote,
+                                format!(
+                                    "no peer connected to {} before the deadline (NCCL_NET_RS_CONNECT_TIMEOUT)",
+                                    self.handle.addr
+                                ),
+                            ));
+                        }
+                        guard.1 = Some(AcceptStage::Listening);
+                        return Ok(None);
+                    }
+                    Err(e) => {
+                        return Err(Error::system(format!("accept on {}", self.handle.addr), e));
+                    }
+                },
+                AcceptStage::Hello(mut stream) => {
+                    stream.check_deadline("waiting for the peer's QP numbers")?;
+                    let Some(bytes) = stream.receive(Hello::LEN)? else {
+                        guard.1 = Some(AcceptStage::Hello(stream));
+                        return Ok(None);
+                    };
+                    let remote = Hello::parse(&bytes)?;
+                    if remote.nonce != self.handle.nonce {
+                        return Err(Error::new(
+                            Kind::Remote,
+                            format!(
+                                "peer {} presented a handle for another listener",
+                                stream.peer
+                            ),
+                        ));
+                    }
+                    let (comm, hello) = self.build(&remote, stream.peer)?;
+                    stream.queue(&hello.emit());
+                    AcceptStage::Ready {
+                        stream,
+                        comm: Box::new(comm),
+                    }
+                }
+                AcceptStage::Ready { mut stream, comm } => {
+                    stream.check_deadline("waiting for the ready byte")?;
+                    stream.flush()?;
+                    if stream.receive(1)?.is_some() {
+                        return Ok(Some(*comm));
+                    }
+                    guard.1 = Some(AcceptStage::Ready { stream, comm });
+                    return Ok(None);
+                }
+            };
+            guard.1 = Some(next);
+        }
+    }
+
+    fn build(&self, remote: &Hello, peer: SocketAddr) -> Result<(RecvComm, Hello)> {
+        let ctx = &self.ctx;
+        check_peer(ctx, remote, peer)?;
+        let flush_wrs = if ctx.config.flush_enabled {
+            SLOTS as u32
+        } else {
+            0
+        };
+        let qps = QpSet::new(
+            ctx,
+            remote.qpns.len(),
+            RECV_QP_CAPS,
+            Access::REMOTE_WRITE.with(Access::REMOTE_READ),
+            flush_wrs,
+        )?;
+        // The sender chose traffic class and service level; use the same for the CTS direction.
+        let path = path_params(ctx, remote, remote.traffic_class, remote.service_level);
+        qps.connect(remote, &path)?;
+        let sizes_ring = HostRegion::new(
+            &ctx.pd,
+            SIZES_RING_BYTES,
+            Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
+        )?;
+        let cts_staging = HostRegion::new(&ctx.pd, CTS_RING_BYTES, Access::LOCAL_WRITE)?;
+        let flush = if ctx.config.flush_enabled {
+            Some(FlushQp::new(ctx, &qps, &path)?)
+        } else {
+            None
+        };
+        let hello = local_hello(
+            ctx,
+            &qps,
+            remote.nonce,
+            sizes_ring.addr(0),
+            sizes_ring.mr().rkey(),
+            remote.split_data,
+        );
+        let layout = Layout {
+            nqps: qps.qps.len(),
+            split: remote.split_data,
+        };
+        let local = describe_local(ctx);
+        let remote_desc = describe_remote(remote, peer);
+        tracing::debug!(
+            "recv comm accepted: {remote_desc} -> {local}, {} QPs",
+            layout.nqps
+        );
+        let comm = RecvComm {
+            ctx: Arc::clone(ctx),
+            qps,
+            flush,
+            cts_staging,
+            sizes_ring,
+            remote_ring_addr: remote.ring_addr,
+            remote_ring_rkey: remote.ring_rkey,
+            local,
+            remote: remote_desc,
+            state: Mutex::new(RecvState {
+                proto: RecvSide::new(layout),
+                failed: None,
+                completed_any: false,
+                cts_posted: 0,
+                flushes: vec![FlushSlot::Free; SLOTS],
+            }),
+        };
+        Ok((comm, hello))
+    }
+}
+
+fn random_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// A QP connected to itself: an RDMA read through it cannot pass the NIC's earlier writes into
+/// the receive buffers, so its completion proves the data is visible (to a GPU too).
+#[derive(Debug)]
+struct FlushQp {
+    qp: QueuePair,
+    scratch: HostRegion,
+}
+
+impl FlushQp {
+    fn new(ctx: &DeviceContext, qps: &QpSet, path: &crate::verbs::PathParams) -> Result<Self> {
+        let qp = QueuePair::new(&ctx.pd, &qps.cq, RECV_QP_CAPS)?;
+        let port = u8::try_from(ctx.net.port).unwrap_or(1);
+        qp.to_init(port, Access::LOCAL_WRITE.with(Access::REMOTE_READ))?;
+        let own = RemoteEndpoint {
+            qpn: qp.qpn(),
+            lid: ctx.lid,
+            gid: ctx.gid.gid,
+        };
+        let self_path = crate::verbs::PathParams {
+            mtu: ctx.mtu,
+            ..*path
+        };
+        qp.to_rtr(&own, &self_path)?;
+        qp.to_rts(&self_path)?;
+        let scratch = HostRegion::new(&ctx.pd, 64, Access::LOCAL_WRITE)?;
+        Ok(Self { qp, scratch })
+    }
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum FlushSlot {
+    Free,
+    Pending,
+    Done,
+}
+
+#[derive(Debug)]
+struct RecvState {
+    proto: RecvSide,
+    failed: Option<(Kind, String)>,
+    completed_any: bool,
+    cts_posted: u64,
+    flushes: Vec<FlushSlot>,
+}
+
+/// One buffer of a grouped receive.
+#[derive(Debug)]
+pub struct RecvTarget<'a> {
+    /// Buffer address.
+    pub addr: u64,
+    /// Capacity.
+    pub size: u64,
+    /// Expected tag.
+    pub tag: i32,
+    /// Its registration.
+    pub mr: &'a MrHandle,
+}
+
+/// A connected receive comm.
+#[derive(Debug)]
+pub struct RecvComm {
+    ctx: Arc<DeviceContext>,
+    qps: QpSet,
+    flush: Option<FlushQp>,
+    cts_staging: HostRegion,
+    sizes_ring: HostRegion,
+    remote_ring_addr: u64,
+    remote_ring_rkey: u32,
+    local: String,
+    remote: String,
+    state: Mutex<RecvState>,
+}
+
+impl RecvComm {
+    /// The device context the comm lives on.
+    pub fn context(&self) -> &Arc<DeviceContext> {
+        &self.ctx
+    }
+
+    /// Post a (grouped) receive; `Ok(None)` when every slot is busy. Returns the request index.
+    ///
+    /// # Safety
+    /// Each buffer must stay valid and writable until `test` reports the request done.
+    ///
+    /// # Errors
+    /// A failed comm's error; `Misuse` for a bad group or a buffer outside its registration.
+    pub unsafe fn irecv(&self, targets: &[RecvTarget<'_>]) -> Result<Option<usize>> {
+        for t in targets {
+            t.mr.check(t.addr, t.size)?;
+        }
+        let bufs: Vec<RecvBuf> = targets
+            .iter()
+            .map(|t| RecvBuf {
+                addr: t.addr,
+                size: t.size,
+                rkey: t.mr.rkey(),
+                tag: t.tag,
+            })
+            .collect();
+        let mut st = self.state.lock();
+        self.check_failed(&st)?;
+        let Some((seq, cts)) = st.proto.irecv(&bufs)? else {
+            return Ok(None);
+        };
+        let layout = st.proto.layout();
+        let result = (|| {
+            for q in layout.qps_for(seq) {
+                self.qps.qps[q].post_recv(WR_RECV)?;
+            }
+            let offset = cts.slot * MAX_RECVS * Cts::LEN;
+            let bytes: Vec<u8> = cts.entries.iter().flat_map(Cts::emit).collect();
+            self.cts_staging.write(offset, &bytes);
+            let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
+            st.cts_posted += 1;
+            let wr = WorkRequest {
+                wr_id: WR_CTS,
+                op: Op::Write,
+                local_addr: self.cts_staging.addr(offset),
+                len: bytes.len() as u32,
+                lkey: self.cts_staging.mr().lkey(),
+                remote_addr: self.remote_ring_addr + offset as u64,
+                rkey: self.remote_ring_rkey,
+                signaled,
+            };
+            // SAFETY: the staging slot is rewritten only for message seq + SLOTS, which the
+            // receiver posts after message seq completed, i.e. after the sender read this CTS.
+            unsafe { self.qps.qps[cts.qp].post_send(&[wr]) }
+        })();
+        match result {
+            Ok(()) => Ok(Some(cts.slot)),
+            Err(e) => Err(self.fail(&mut st, e)),
+        }
+    }
+
+    /// Make received data visible: one RDMA read of the last non-empty buffer through the flush
+    /// QP. `Ok(None)` when there is nothing to flush (NCCL treats that as done).
+    ///
+    /// # Errors
+    /// A failed comm's error; `Misuse` when more flushes are in flight than slots.
+    pub fn iflush(&self, targets: &[(u64, u64, &MrHandle)]) -> Result<Option<usize>> {
+        let Some(flush) = &self.flush else {
+            return Ok(None);
+        };
+        let Some(&(addr, _, mr)) = targets.iter().rev().find(|(_, size, _)| *size > 0) else {
+            return Ok(None);
+        };
+        let mut st = self.state.lock();
+        self.check_failed(&st)?;
+        let Some(k) = st.flushes.iter().position(|f| *f == FlushSlot::Free) else {
+            return Err(Error::misuse(format!(
+                "more than {SLOTS} flushes in flight"
+            )));
+        };
+        let wr = WorkRequest {
+            wr_id: WR_FLUSH | k as u64,
+            op: Op::Read,
+            local_addr: flush.scratch.addr(0),
+            len: 1,
+            lkey: flush.scratch.mr().lkey(),
+            remote_addr: addr,
+            rkey: mr.rkey(),
+            signaled: true,
+        };
+        // SAFETY: the scratch region lives as long as the comm; the read source is a registered
+        // receive buffer NCCL keeps alive until this request completes.
+        if let Err(e) = unsafe { flush.qp.post_send(&[wr]) } {
+            return Err(self.fail(&mut st, e));
+        }
+        st.flushes[k] = FlushSlot::Pending;
+        Ok(Some(SLOTS + k))
+    }
+
+    /// Poll request `index`: `Some(sizes)` (one per buffer; empty for a flush) when done.
+    ///
+    /// # Errors
+    /// The comm's failure, or `Misuse` for an index that is not in flight.
+    pub fn test(&self, index: usize) -> Result<Option<Vec<u64>>> {
+        let mut st = self.state.lock();
+        self.check_failed(&st)?;
+        for _ in 0..2 {
+            if let Some(sizes) = self.take_done(&mut st, index)? {
+                return Ok(Some(sizes));
+            }
+            self.progress(&mut st)?;
+        }
+        Ok(None)
+    }
+
+    fn take_done(&self, st: &mut RecvState, index: usize) -> Result<Option<Vec<u64>>> {
+        if index >= SLOTS {
+            let k = index - SLOTS;
+            return match st.flushes.get(k) {
+                Some(FlushSlot::Done) => {
+                    st.flushes[k] = FlushSlot::Free;
+                    Ok(Some(Vec::new()))
+                }
+                Some(FlushSlot::Pending) => Ok(None),
+                _ => Err(Error::misuse(format!(
+                    "test on flush request {k} that is not in flight"
+                ))),
+            };
+        }
+        let Some(done) = st.proto.poll_done(index) else {
+            return Ok(None);
+        };
+        let sizes = if done.n == 1 {
+            vec![done.imm_sum]
+        } else {
+            let mut raw = [0u8; SIZES_SLOT_BYTES];
+            self.sizes_ring.read(index * SIZES_SLOT_BYTES, &mut raw);
+            raw.chunks_exact(4)
+                .take(done.n)
+                .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .collect()
+        };
+        st.proto.release(index);
+        Ok(Some(sizes))
+    }
+
+    fn check_failed(&self, st: &RecvState) -> Result<()> {
+        match &st.failed {
+            Some((kind, what)) => Err(Error::new(*kind, what.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, st: &mut RecvState, e: Error) -> Error {
+        st.failed = Some((e.kind(), e.to_string()));
+        e
+    }
+
+    fn progress(&self, st: &mut RecvState) -> Result<()> {
+        let mut completions: Vec<Completion> = Vec::new();
+        while self.qps.cq.poll(&mut completions)? > 0 {}
+        for c in &completions {
+            if !c.is_ok() {
+                let e = completion_error(c, &self.local, &self.remote, st.completed_any);
+                return Err(self.fail(st, e));
+            }
+            let handled = match c.wr_id & !WR_INDEX_MASK {
+                WR_RECV if c.opcode == OPCODE_RECV_RDMA_WITH_IMM => {
+                    st.completed_any = true;
+                    let qp = self
+                        .qps
+                        .index_of(c.qp_num)
+                        .ok_or_else(|| Error::misuse("completion from an unknown QP"));
+                    qp.and_then(|q| st.proto.handle_completion(q, c.imm.unwrap_or(0)))
+                }
+                WR_FLUSH => {
+                    let k = usize::try_from(c.wr_id & WR_INDEX_MASK).unwrap_or(usize::MAX);
+                    if let Some(f) = st.flushes.get_mut(k) {
+                        *f = FlushSlot::Done;
+                    }
+                    Ok(())
+                }
+                _ => Ok(()),
+            };
+            if let Err(e) = handled {
+                return Err(self.fail(st, e));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,415 @@
+//! The sending end: the resumable connect state machine and the send comm.
+#![allow(unsafe_code)] // posts NCCL buffers to the NIC (see the transport module doc)
+
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::DeviceContext;
+use super::conn::{
+    CTS_RING_BYTES, QpSet, SEND_QP_CAPS, SIZES_SLOT_BYTES, WR_DATA, WR_INDEX_MASK, WR_SEND_DONE,
+    check_peer, completion_error, describe_local, describe_remote, local_hello, path_params,
+};
+use super::mr::MrHandle;
+use super::wire_io::HandshakeStream;
+use crate::core::error::{Error, Kind, Result};
+use crate::core::proto::{Layout, Post, SLOTS, SendBuf, SendSide};
+use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS};
+use crate::verbs::{Access, Completion, HostRegion, Op, WorkRequest};
+
+/// Requests a send comm can have in flight: every entry of every slot.
+pub const SEND_REQUESTS: usize = SLOTS * MAX_RECVS;
+
+/// How long one attempt to open the TCP connection may block an NCCL call.
+const DIAL_ATTEMPT: Duration = Duration::from_millis(100);
+
+/// Resources built once the TCP connection is up, before the peer answered.
+#[derive(Debug)]
+struct Pending {
+    qps: QpSet,
+    cts_ring: HostRegion,
+}
+
+#[derive(Debug)]
+enum Stage {
+    Dial,
+    Exchange {
+        stream: HandshakeStream,
+        pending: Box<Pending>,
+    },
+    Ready {
+        stream: HandshakeStream,
+        comm: Box<SendComm>,
+    },
+}
+
+/// A connect in progress; NCCL calls `connect` again until it yields a comm.
+#[derive(Debug)]
+pub struct Connecting {
+    ctx: Arc<DeviceContext>,
+    handle: ListenHandle,
+    deadline: Instant,
+    stage: Option<Stage>,
+}
+
+impl Connecting {
+    /// Start connecting to the listener described by `handle`.
+    pub fn new(ctx: Arc<DeviceContext>, handle: ListenHandle) -> Self {
+        let deadline = Instant::now() + ctx.config.connect_timeout;
+        Self {
+            ctx,
+            handle,
+            deadline,
+            stage: Some(Stage::Dial),
+        }
+    }
+
+    /// Advance without blocking (beyond one short dial attempt); `Ok(Some)` when connected.
+    ///
+    /// # Errors
+    /// `Remote` when the peer refuses, closes, or misses the deadline; `Config` when the peer's
+    /// setup is incompatible; `System` for verbs failures.
+    pub fn progress(&mut self) -> Result<Option<SendComm>> {
+        let peer = self.handle.addr;
+        loop {
+            let stage = self
+                .stage
+                .take()
+                .ok_or_else(|| Error::misuse("connect resumed after it failed"))?;
+            let next = match stage {
+                Stage::Dial => match TcpStream::connect_timeout(&peer, DIAL_ATTEMPT) {
+                    Ok(tcp) => {
+                        let mut stream = HandshakeStream::new(tcp, peer, self.deadline)?;
+                        let pending = self.build()?;
+                        let hello = local_hello(
+                            &self.ctx,
+                            &pending.qps,
+                            self.handle.nonce,
+                            pending.cts_ring.addr(0),
+                            pending.cts_ring.mr().rkey(),
+                            self.ctx.config.split_data_on_qps,
+                        );
+                        stream.queue(&hello.emit());
+                        Stage::Exchange {
+                            stream,
+                            pending: Box::new(pending),
+                        }
+                    }
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::TimedOut
+                            && Instant::now() < self.deadline =>
+                    {
+                        self.stage = Some(Stage::Dial);
+                        return Ok(None);
+                    }
+                    Err(e) => {
+                        return Err(Error::new(
+                            Kind::Remote,
+                            format!(
+                                "cannot connect to peer {peer}: {e} (is the peer process alive and listening?)"
+                            ),
+                        ));
+                    }
+                },
+                Stage::Exchange {
+                    mut stream,
+                    pending,
+                } => {
+                    stream.check_deadline("waiting for the peer's QP numbers")?;
+                    stream.flush()?;
+                    let Some(bytes) = stream.receive(Hello::LEN)? else {
+                        self.stage = Some(Stage::Exchange { stream, pending });
+                        return Ok(None);
+                    };
+                    let remote = Hello::parse(&bytes)?;
+                    let comm = Box::new(self.finish(*pending, &remote, peer)?);
+                    stream.queue(&[1]);
+                    Stage::Ready { stream, comm }
+                }
+                Stage::Ready { mut stream, comm } => {
+                    stream.check_deadline("sending the ready byte")?;
+                    if stream.flush()? {
+                        return Ok(Some(*comm));
+                    }
+                    self.stage = Some(Stage::Ready { stream, comm });
+                    return Ok(None);
+                }
+            };
+            self.stage = Some(next);
+        }
+    }
+
+    fn build(&self) -> Result<Pending> {
+        let nqps = self.ctx.config.qps_per_connection as usize;
+        let qps = QpSet::new(&self.ctx, nqps, SEND_QP_CAPS, Access::REMOTE_WRITE, 0)?;
+        let cts_ring = HostRegion::new(
+            &self.ctx.pd,
+            CTS_RING_BYTES,
+            Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
+        )?;
+        Ok(Pending { qps, cts_ring })
+    }
+
+    fn finish(&self, pending: Pending, remote: &Hello, peer: SocketAddr) -> Result<SendComm> {
+        check_peer(&self.ctx, remote, peer)?;
+        let config = &self.ctx.config;
+        let path = path_params(
+            &self.ctx,
+            remote,
+            config.traffic_class,
+            config.service_level,
+        );
+        pending.qps.connect(remote, &path)?;
+        let sizes_staging =
+            HostRegion::new(&self.ctx.pd, SLOTS * SIZES_SLOT_BYTES, Access::LOCAL_WRITE)?;
+        let layout = Layout {
+            nqps: pending.qps.qps.len(),
+            split: config.split_data_on_qps,
+        };
+        let local = describe_local(&self.ctx);
+        let remote_desc = describe_remote(remote, peer);
+        tracing::debug!(
+            "send comm connected: {local} -> {remote_desc}, {} QPs",
+            layout.nqps
+        );
+        Ok(SendComm {
+            ctx: Arc::clone(&self.ctx),
+            qps: pending.qps,
+            cts_ring: pending.cts_ring,
+            sizes_staging,
+            remote_sizes_addr: remote.ring_addr,
+            remote_sizes_rkey: remote.ring_rkey,
+            local,
+            remote: remote_desc,
+            state: Mutex::new(SendState {
+                proto: SendSide::new(layout),
+                failed: None,
+                completed_any: false,
+            }),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct SendState {
+    proto: SendSide,
+    failed: Option<(Kind, String)>,
+    completed_any: bool,
+}
+
+/// A connected send comm. `isend`/`test` come from NCCL's progress thread; the lock only guards
+/// against `regMr` on the service thread racing it.
+#[derive(Debug)]
+pub struct SendComm {
+    ctx: Arc<DeviceContext>,
+    qps: QpSet,
+    cts_ring: HostRegion,
+    sizes_staging: HostRegion,
+    remote_sizes_addr: u64,
+    remote_sizes_rkey: u32,
+    local: String,
+    remote: String,
+    state: Mutex<SendState>,
+}
+
+impl SendComm {
+    /// The device context the comm lives on.
+    pub fn context(&self) -> &Arc<DeviceContext> {
+        &self.ctx
+    }
+
+    /// Start sending `size` bytes at `addr`; `Ok(None)` until the receiver posted the matching
+    /// buffer. Returns the request index.
+    ///
+    /// # Safety
+    /// `addr..addr + size` must stay valid and unchanged until `test` reports the request done
+    /// (NCCL's contract for isend).
+    ///
+    /// # Errors
+    /// A failed comm's error; `Misuse` for a buffer outside `mr` or a tag no receive expects.
+    pub unsafe fn isend(
+        &self,
+        addr: u64,
+        size: u64,
+        tag: i32,
+        mr: &MrHandle,
+    ) -> Result<Option<usize>> {
+        mr.check(addr, size)?;
+        let mut st = self.state.lock();
+        self.check_failed(&st)?;
+        if let Some((seq, slot)) = st.proto.wants_cts() {
+            match self.read_cts(seq, slot) {
+                Ok(Some(entries)) => st.proto.handle_cts(entries)?,
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(self.fail(&mut st, e)),
+            }
+        }
+        let Some(accepted) = st.proto.isend(SendBuf {
+            addr,
+            size,
+            lkey: mr.lkey(),
+            tag,
+        })?
+        else {
+            return Ok(None);
+        };
+        if let Some((asked, sent)) = accepted.truncated {
+            tracing::trace!(
+                "isend of {asked} bytes truncated to the posted receive size {sent} ({})",
+                self.remote
+            );
+        }
+        if let Err(e) = self.post(&accepted.posts) {
+            return Err(self.fail(&mut st, e));
+        }
+        Ok(Some(accepted.slot * MAX_RECVS + accepted.entry))
+    }
+
+    /// Poll request `index`: `Some(bytes sent)` when done (and then forgotten).
+    ///
+    /// # Errors
+    /// The comm's failure (error completion), or `Misuse` for an index that is not in flight.
+    pub fn test(&self, index: usize) -> Result<Option<u64>> {
+        let (slot, entry) = (index / MAX_RECVS, index % MAX_RECVS);
+        let mut st = self.state.lock();
+        self.check_failed(&st)?;
+        for _ in 0..2 {
+            if let Some(size) = st.proto.poll_done(slot, entry) {
+                st.proto.release(slot, entry);
+                return Ok(Some(size));
+            }
+            self.progress(&mut st)?;
+        }
+        Ok(None)
+    }
+
+    fn check_failed(&self, st: &SendState) -> Result<()> {
+        match &st.failed {
+            Some((kind, what)) => Err(Error::new(*kind, what.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, st: &mut SendState, e: Error) -> Error {
+        st.failed = Some((e.kind(), e.to_string()));
+        e
+    }
+
+    /// The ring slot's entries once all of them carry `seq + 1`.
+    fn read_cts(&self, seq: u64, slot: usize) -> Result<Option<Vec<Cts>>> {
+        let base = slot * MAX_RECVS * Cts::LEN;
+        let want = seq + 1;
+        if self.cts_ring.read_u64_acquire(base + Cts::SEQ_OFFSET) != want {
+            return Ok(None);
+        }
+        let mut entries = Vec::with_capacity(MAX_RECVS);
+        let mut bytes = [0u8; Cts::LEN];
+        self.cts_ring.read(base, &mut bytes);
+        let first = Cts::parse(&bytes);
+        let n = first.nreqs as usize;
+        if !(1..=MAX_RECVS).contains(&n) {
+            return Err(Error::new(
+                Kind::Remote,
+                format!("peer posted a CTS with {n} buffers ({})", self.remote),
+            ));
+        }
+        entries.push(first);
+        for i in 1..n {
+            let at = base + i * Cts::LEN;
+            if self.cts_ring.read_u64_acquire(at + Cts::SEQ_OFFSET) != want {
+                return Ok(None);
+            }
+            self.cts_ring.read(at, &mut bytes);
+            entries.push(Cts::parse(&bytes));
+        }
+        Ok(Some(entries))
+    }
+
+    fn post(&self, posts: &[Post]) -> Result<()> {
+        let mut per_qp: Vec<Vec<WorkRequest>> = vec![Vec::new(); self.qps.qps.len()];
+        for p in posts {
+            match *p {
+                Post::Write {
+                    qp,
+                    local_addr,
+                    lkey,
+                    len,
+                    remote_addr,
+                    rkey,
+                } => per_qp[qp].push(WorkRequest {
+                    wr_id: WR_DATA,
+                    op: Op::Write,
+                    local_addr,
+                    len: u32::try_from(len)
+                        .map_err(|_| Error::misuse("message larger than 4 GiB"))?,
+                    lkey,
+                    remote_addr,
+                    rkey,
+                    signaled: false,
+                }),
+                Post::Sizes { qp, slot, sizes } => {
+                    let bytes: Vec<u8> = sizes.iter().flat_map(|s| s.to_le_bytes()).collect();
+                    let offset = slot * SIZES_SLOT_BYTES;
+                    self.sizes_staging.write(offset, &bytes);
+                    per_qp[qp].push(WorkRequest {
+                        wr_id: WR_DATA,
+                        op: Op::Write,
+                        local_addr: self.sizes_staging.addr(offset),
+                        len: SIZES_SLOT_BYTES as u32,
+                        lkey: self.sizes_staging.mr().lkey(),
+                        remote_addr: self.remote_sizes_addr + offset as u64,
+                        rkey: self.remote_sizes_rkey,
+                        signaled: false,
+                    });
+                }
+                Post::WriteImm {
+                    qp,
+                    local_addr,
+                    lkey,
+                    len,
+                    remote_addr,
+                    rkey,
+                    imm,
+                    slot,
+                } => per_qp[qp].push(WorkRequest {
+                    wr_id: WR_SEND_DONE | slot as u64,
+                    op: Op::WriteImm(imm),
+                    local_addr,
+                    len: u32::try_from(len)
+                        .map_err(|_| Error::misuse("message larger than 4 GiB"))?,
+                    lkey,
+                    remote_addr,
+                    rkey,
+                    signaled: true,
+                }),
+            }
+        }
+        for (qp, wrs) in self.qps.qps.iter().zip(&per_qp) {
+            // SAFETY: payload memory is NCCL's, valid until test() reports done (isend's
+            // contract); the sizes staging slot is reused only after this slot's completion.
+            unsafe { qp.post_send(wrs) }?;
+        }
+        Ok(())
+    }
+
+    fn progress(&self, st: &mut SendState) -> Result<()> {
+        let mut completions: Vec<Completion> = Vec::new();
+        while self.qps.cq.poll(&mut completions)? > 0 {}
+        for c in &completions {
+            if !c.is_ok() {
+                let e = completion_error(c, &self.local, &self.remote, st.completed_any);
+                return Err(self.fail(st, e));
+            }
+            if c.wr_id & !WR_INDEX_MASK == WR_SEND_DONE {
+                st.completed_any = true;
+                let slot = usize::try_from(c.wr_id & WR_INDEX_MASK).unwrap_or(usize::MAX);
+                if let Err(e) = st.proto.handle_completion(slot) {
+                    return Err(self.fail(st, e));
+                }
+            }
+        }
+        Ok(())
+    }
+}

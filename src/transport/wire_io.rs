@@ -1,0 +1,106 @@
+//! Non-blocking byte exchange over the out-of-band TCP stream, with a deadline.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Instant;
+
+use crate::core::error::{Error, Kind, Result};
+
+/// One handshake stream: bytes waiting to go out, bytes received so far.
+#[derive(Debug)]
+pub(super) struct HandshakeStream {
+    stream: TcpStream,
+    pub(super) peer: SocketAddr,
+    inbox: Vec<u8>,
+    outbox: Vec<u8>,
+    pub(super) deadline: Instant,
+}
+
+fn remote(what: String) -> Error {
+    Error::new(Kind::Remote, what)
+}
+
+impl HandshakeStream {
+    pub(super) fn new(stream: TcpStream, peer: SocketAddr, deadline: Instant) -> Result<Self> {
+        stream
+            .set_nonblocking(true)
+            .and_then(|()| stream.set_nodelay(true))
+            .map_err(|e| Error::system(format!("configuring the handshake socket to {peer}"), e))?;
+        Ok(Self {
+            stream,
+            peer,
+            inbox: Vec::new(),
+            outbox: Vec::new(),
+            deadline,
+        })
+    }
+
+    /// Queue bytes to send.
+    pub(super) fn queue(&mut self, bytes: &[u8]) {
+        self.outbox.extend_from_slice(bytes);
+    }
+
+    /// `Err` once the deadline passed, naming the peer and the step.
+    pub(super) fn check_deadline(&self, step: &str) -> Result<()> {
+        if Instant::now() > self.deadline {
+            return Err(remote(format!(
+                "peer {} did not complete the handshake ({step}) before the deadline \
+                 (NCCL_NET_RS_CONNECT_TIMEOUT): is the peer process alive?",
+                self.peer
+            )));
+        }
+        Ok(())
+    }
+
+    /// Send what is queued; `true` when nothing is left.
+    pub(super) fn flush(&mut self) -> Result<bool> {
+        while !self.outbox.is_empty() {
+            match self.stream.write(&self.outbox) {
+                Ok(0) => {
+                    return Err(remote(format!(
+                        "peer {} closed the connection during the handshake",
+                        self.peer
+                    )));
+                }
+                Ok(n) => {
+                    self.outbox.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(remote(format!(
+                        "sending the handshake to peer {} failed: {e}",
+                        self.peer
+                    )));
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Exactly `len` bytes once they have all arrived; `None` until then.
+    pub(super) fn receive(&mut self, len: usize) -> Result<Option<Vec<u8>>> {
+        let mut buf = [0u8; 512];
+        while self.inbox.len() < len {
+            let want = (len - self.inbox.len()).min(buf.len());
+            match self.stream.read(&mut buf[..want]) {
+                Ok(0) => {
+                    return Err(remote(format!(
+                        "peer {} closed the connection during the handshake",
+                        self.peer
+                    )));
+                }
+                Ok(n) => self.inbox.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(remote(format!(
+                        "receiving the handshake from peer {} failed: {e}",
+                        self.peer
+                    )));
+                }
+            }
+        }
+        Ok(Some(self.inbox.drain(..len).collect()))
+    }
+}

@@ -1,0 +1,318 @@
+//! Protection domains and memory regions: `ibv_alloc_pd`, `ibv_reg_mr`, `ibv_reg_dmabuf_mr`.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::io;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
+
+use rdma_sys as sys;
+
+use super::Device;
+use crate::core::error::{Error, Result};
+
+/// Access rights of a registration or a QP (`IBV_ACCESS_*`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Access(u32);
+
+impl Access {
+    /// The NIC may write local memory (required for REMOTE_WRITE and RDMA READ targets).
+    pub const LOCAL_WRITE: Self = Self(1);
+    /// Peers may RDMA-write this memory.
+    pub const REMOTE_WRITE: Self = Self(2);
+    /// Peers (and the flush QP) may RDMA-read this memory.
+    pub const REMOTE_READ: Self = Self(4);
+
+    /// Both sets of rights.
+    pub const fn with(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+
+    pub(super) fn bits(self) -> u32 {
+        self.0
+    }
+}
+
+/// A protection domain; memory regions and QPs keep it alive.
+#[derive(Debug)]
+pub struct ProtectionDomain {
+    raw: NonNull<sys::ibv_pd>,
+    device: Arc<Device>,
+}
+
+// SAFETY: verbs objects may be used from any thread; the pointer is freed only in `Drop`.
+unsafe impl Send for ProtectionDomain {}
+// SAFETY: as above.
+unsafe impl Sync for ProtectionDomain {}
+
+impl ProtectionDomain {
+    /// Allocate a protection domain on `device`.
+    ///
+    /// # Errors
+    /// `System` when `ibv_alloc_pd` fails.
+    pub fn new(device: &Arc<Device>) -> Result<Arc<Self>> {
+        // SAFETY: `device` is an open context.
+        let raw = unsafe { sys::ibv_alloc_pd(device.raw()) };
+        let raw = NonNull::new(raw).ok_or_else(|| {
+            Error::system(
+                format!("ibv_alloc_pd on {} failed", device.name()),
+                io::Error::last_os_error(),
+            )
+        })?;
+        Ok(Arc::new(Self {
+            raw,
+            device: Arc::clone(device),
+        }))
+    }
+
+    /// The device it lives on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    pub(super) fn raw(&self) -> *mut sys::ibv_pd {
+        self.raw.as_ptr()
+    }
+
+    /// Register `len` bytes at `addr` (virtual address = I/O address).
+    ///
+    /// # Safety
+    /// `addr..addr + len` must stay mapped until the returned region is dropped, and the caller
+    /// must not let the NIC write memory that Rust code holds references to.
+    ///
+    /// # Errors
+    /// `System` when `ibv_reg_mr` fails (e.g. ENOMEM: locked-memory limit; EFAULT: bad range).
+    pub unsafe fn register(
+        self: &Arc<Self>,
+        addr: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let access_bits = i32::try_from(access.bits()).unwrap_or(0);
+        // SAFETY: the PD is live; the range is the caller's promise (see `# Safety`).
+        let raw =
+            unsafe { sys::ibv_reg_mr(self.raw(), addr as *mut libc::c_void, len, access_bits) };
+        self.wrap_mr(raw, "ibv_reg_mr", addr, len)
+    }
+
+    /// Register a DMA-BUF: `len` bytes at `offset` of `fd`, addressed by peers as `iova`.
+    /// The fd may be closed as soon as this returns (the kernel keeps its own reference).
+    ///
+    /// # Errors
+    /// `System` when `ibv_reg_dmabuf_mr` fails (EOPNOTSUPP when the driver has no DMA-BUF support).
+    pub fn register_dmabuf(
+        self: &Arc<Self>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: i32,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let access_bits = i32::try_from(access.bits()).unwrap_or(0);
+        // SAFETY: the PD is live; the kernel validates fd, offset and length.
+        let raw = unsafe { sys::ibv_reg_dmabuf_mr(self.raw(), offset, len, iova, fd, access_bits) };
+        self.wrap_mr(raw, "ibv_reg_dmabuf_mr", iova, len)
+    }
+
+    fn wrap_mr(
+        self: &Arc<Self>,
+        raw: *mut sys::ibv_mr,
+        verb: &str,
+        addr: u64,
+        len: usize,
+    ) -> Result<MemoryRegion> {
+        let raw = NonNull::new(raw).ok_or_else(|| {
+            let e = io::Error::last_os_error();
+            Error::system(
+                format!(
+                    "{verb} of {len} bytes at {addr:#x} on {} failed",
+                    self.device.name()
+                ),
+                e,
+            )
+        })?;
+        // SAFETY: a registration just returned by libibverbs; lkey/rkey never change.
+        let mr = unsafe { raw.as_ref() };
+        let (lkey, rkey) = (mr.lkey, mr.rkey);
+        Ok(MemoryRegion {
+            raw,
+            pd: Arc::clone(self),
+            addr,
+            len,
+            lkey,
+            rkey,
+        })
+    }
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `ibv_alloc_pd`, freed once; every MR and QP holds an Arc of it.
+        let rc = unsafe { sys::ibv_dealloc_pd(self.raw.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(
+                "ibv_dealloc_pd on {} failed: {}",
+                self.device.name(),
+                io::Error::from_raw_os_error(rc)
+            );
+        }
+    }
+}
+
+/// A memory registration; deregistered on drop.
+#[derive(Debug)]
+pub struct MemoryRegion {
+    raw: NonNull<sys::ibv_mr>,
+    pd: Arc<ProtectionDomain>,
+    addr: u64,
+    len: usize,
+    lkey: u32,
+    rkey: u32,
+}
+
+// SAFETY: an `ibv_mr` is immutable after registration; deregistration happens only in `Drop`.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: as above.
+unsafe impl Sync for MemoryRegion {}
+
+impl MemoryRegion {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+    /// First registered address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Registered length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the registration is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        // SAFETY: registered by `wrap_mr`, deregistered once.
+        let rc = unsafe { sys::ibv_dereg_mr(self.raw.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(
+                "ibv_dereg_mr on {} failed (registration leaked): {}",
+                self.pd.device.name(),
+                io::Error::from_raw_os_error(rc)
+            );
+        }
+    }
+}
+
+/// Page-aligned zeroed heap memory, freed on drop.
+#[derive(Debug)]
+struct AlignedBuf {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> Result<Self> {
+        let layout = Layout::from_size_align(len.max(1), 4096)
+            .map_err(|_| Error::misuse(format!("control region of {len} bytes")))?;
+        // SAFETY: non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or_else(|| {
+            Error::system(
+                "allocating a control region",
+                io::Error::from_raw_os_error(libc::ENOMEM),
+            )
+        })?;
+        Ok(Self { ptr, layout })
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// Zeroed host memory owned by the plugin and registered on one PD: the control rings. The NIC
+/// may write it at any time, so Rust never forms references into it; every access is volatile.
+#[derive(Debug)]
+pub struct HostRegion {
+    // Field order matters: the registration is dropped before the memory it covers.
+    mr: MemoryRegion,
+    buf: AlignedBuf,
+}
+
+// SAFETY: the buffer is only accessed through volatile reads/writes and the NIC; no references.
+unsafe impl Send for HostRegion {}
+// SAFETY: as above.
+unsafe impl Sync for HostRegion {}
+
+impl HostRegion {
+    /// Allocate `len` zeroed bytes and register them with `access`.
+    ///
+    /// # Errors
+    /// `System` when allocation or registration fails.
+    pub fn new(pd: &Arc<ProtectionDomain>, len: usize, access: Access) -> Result<Self> {
+        let buf = AlignedBuf::new(len)?;
+        // SAFETY: `buf` outlives `mr` (field order); Rust code only touches it volatilely.
+        let mr = unsafe { pd.register(buf.ptr.as_ptr() as u64, buf.layout.size(), access) }?;
+        Ok(Self { mr, buf })
+    }
+
+    /// The registration.
+    pub fn mr(&self) -> &MemoryRegion {
+        &self.mr
+    }
+
+    /// Address of byte `offset`.
+    pub fn addr(&self, offset: usize) -> u64 {
+        self.buf.ptr.as_ptr() as u64 + offset as u64
+    }
+
+    fn at(&self, offset: usize, len: usize) -> *mut u8 {
+        assert!(
+            offset + len <= self.buf.layout.size(),
+            "control region access out of bounds"
+        );
+        // SAFETY: in bounds of the allocation (checked above).
+        unsafe { self.buf.ptr.as_ptr().add(offset) }
+    }
+
+    /// Copy `bytes` into the region at `offset` (memory the NIC reads after a later post).
+    pub fn write(&self, offset: usize, bytes: &[u8]) {
+        let base = self.at(offset, bytes.len());
+        // SAFETY: in bounds (checked by `at`); the NIC reads this memory only after a later
+        // post, which is an opaque call the compiler cannot move this copy across.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base, bytes.len()) };
+    }
+
+    /// Read the little-endian u64 at `offset` (8-aligned); later reads see at least what the NIC
+    /// wrote before it (acquire).
+    pub fn read_u64_acquire(&self, offset: usize) -> u64 {
+        assert_eq!(offset % 8, 0, "unaligned control word");
+        let word = self.at(offset, 8).cast::<u64>();
+        // SAFETY: in bounds and aligned (checked); volatile: the NIC writes it concurrently.
+        let v = unsafe { word.read_volatile() };
+        fence(Ordering::Acquire);
+        u64::from_le(v)
+    }
+
+    /// Copy `out.len()` bytes out of the region at `offset`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        let base = self.at(offset, out.len());
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: in bounds (checked by `at`).
+            let byte = unsafe { base.add(i) };
+            // SAFETY: valid for reads; volatile because the NIC may write concurrently.
+            *b = unsafe { byte.read_volatile() };
+        }
+    }
+}
