@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 use support::net::{Handle, Net, hex, pattern, unhex};
 
 const RC_INTERNAL: i32 = 3;
+const RC_SYSTEM: i32 = 2;
+const RC_INVALID_USAGE: i32 = 5;
 const RC_REMOTE: i32 = 6;
 
 /// What a child process has when its scenario starts.
@@ -616,6 +618,12 @@ fn bad_arguments_are_internal_errors(cx: &mut Cx) {
         Err(RC_INTERNAL),
         "unknown handle"
     );
+    assert_eq!(
+        cx.net.reg_mr_dmabuf_step(sc, &mut buf, -1),
+        Err(RC_SYSTEM),
+        "DMA-BUF with a bad fd"
+    );
+    println!("EXPECT_STDERR regMrDmaBuf failed: ibv_reg_dmabuf_mr of 4096 bytes");
     cx.net.dereg_mr(sc, std::ptr::null_mut());
     let req = cx.net.isend(sc, p, 64, 0, mh);
     cx.net.wait(req);
@@ -657,6 +665,91 @@ fn unknown_tag_is_an_error(cx: &mut Cx) {
         println!("HANDLE {}", hex(&h));
         std::io::stdout().flush().unwrap();
         cx.net.close_listen(lc);
+    }
+}
+
+fn gid_mismatch_fails_naming_both_gids(cx: &mut Cx) {
+    // Rank 0 uses GID index 0 (link-local IPv6), rank 1 the automatic IPv4 GID.
+    if cx.rank == 0 {
+        let start = Instant::now();
+        let err = loop {
+            match cx.net.accept_step(cx.lc) {
+                Ok(c) => assert!(c.is_null(), "an incompatible peer must not be accepted"),
+                Err(rc) => break rc,
+            }
+            assert!(start.elapsed() < support::net::DEADLINE);
+        };
+        assert_eq!(
+            err, RC_INVALID_USAGE,
+            "an incompatible GID setup is a configuration error"
+        );
+        cx.net.close_listen(cx.lc);
+        println!("EXPECT_STDERR GID mismatch: local rxe0 GID index 0");
+        println!("EXPECT_STDERR remote rxe0 at ");
+    } else {
+        cx.net.close_listen(cx.lc);
+        let mut peer = cx.peer();
+        let start = Instant::now();
+        let err = loop {
+            match cx.net.connect_step(cx.dev, &mut peer) {
+                Ok(c) => assert!(c.is_null(), "the peer refuses this connection"),
+                Err(rc) => break rc,
+            }
+            assert!(start.elapsed() < support::net::DEADLINE);
+        };
+        assert_eq!(
+            err, RC_REMOTE,
+            "the connecting side sees the peer drop the handshake"
+        );
+    }
+}
+
+fn peer_gone_gives_an_error_in_plain_words(cx: &mut Cx) {
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        let mut buf = vec![0u8; 2 * 4096];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let first = cx.net.irecv(rc, &[(buf.as_mut_ptr(), 4096, 0, mh)]);
+        let _second = cx
+            .net
+            .irecv(rc, &[(buf.as_mut_ptr().wrapping_add(4096), 4096, 0, mh)]);
+        cx.net.wait(first);
+        // Tear the receiving end down, then tell the sender (through the handle relay).
+        cx.net.close_recv(rc);
+        cx.net.dereg_mr(std::ptr::null_mut(), mh);
+        let (h, lc) = cx.net.listen(cx.dev);
+        println!("HANDLE {}", hex(&h));
+        std::io::stdout().flush().unwrap();
+        cx.net.close_listen(lc);
+    } else {
+        let sc = cx.connect_pair();
+        let mut buf = vec![7u8; 4096];
+        let mh = cx.net.reg_mr(sc, &mut buf);
+        let first = cx.net.isend(sc, buf.as_mut_ptr(), 4096, 0, mh);
+        cx.net.wait(first);
+        let _receiver_gone = cx.peer();
+        let second = cx.net.isend(sc, buf.as_mut_ptr(), 4096, 0, mh);
+        let start = Instant::now();
+        let err = loop {
+            match cx.net.test_step(second) {
+                Ok(done) => assert!(done.is_none(), "a send to a destroyed QP cannot complete"),
+                Err(rc) => break rc,
+            }
+            assert!(
+                start.elapsed() < support::net::DEADLINE,
+                "the error completion never came"
+            );
+        };
+        assert_eq!(err, RC_REMOTE, "a vanished peer is a remote error");
+        assert_eq!(
+            cx.net.test_step(second),
+            Err(RC_REMOTE),
+            "the comm keeps reporting its failure"
+        );
+        cx.net.close_send(sc);
+        cx.net.dereg_mr(std::ptr::null_mut(), mh);
+        println!("EXPECT_STDERR work completion failed: transport retry counter exceeded");
+        println!("EXPECT_STDERR likely cause: retry exceeded: the peer stopped answering");
     }
 }
 
@@ -789,6 +882,18 @@ const SCENARIOS: &[Scenario] = &[
         ranks: 1,
         run: accept_without_peer_times_out_naming_the_listener,
         env: &[&[("NCCL_NET_RS_CONNECT_TIMEOUT", "2")]],
+    },
+    Scenario {
+        name: "gid_mismatch_fails_naming_both_gids",
+        ranks: 2,
+        run: gid_mismatch_fails_naming_both_gids,
+        env: &[&[("NCCL_IB_GID_INDEX", "0")], &[]],
+    },
+    Scenario {
+        name: "peer_gone_gives_an_error_in_plain_words",
+        ranks: 2,
+        run: peer_gone_gives_an_error_in_plain_words,
+        env: &[&[("NCCL_IB_TIMEOUT", "8"), ("NCCL_IB_RETRY_CNT", "1")]],
     },
     Scenario {
         name: "thousand_connect_transfer_close_cycles",

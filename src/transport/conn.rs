@@ -43,6 +43,26 @@ pub(super) const WR_INDEX_MASK: u64 = (1 << 56) - 1;
 
 const LINK_LAYER_ETHERNET: u8 = 2;
 
+/// A comm's first fatal error; every later call returns it again.
+#[derive(Debug, Default)]
+pub(super) struct Failure(Option<(Kind, String)>);
+
+impl Failure {
+    /// `Err` with the recorded error, if any.
+    pub(super) fn check(&self) -> Result<()> {
+        match &self.0 {
+            Some((kind, what)) => Err(Error::new(*kind, what.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Remember `e` and hand it back.
+    pub(super) fn record(&mut self, e: Error) -> Error {
+        self.0 = Some((e.kind(), e.to_string()));
+        e
+    }
+}
+
 /// The QPs of one connection and their CQ.
 #[derive(Debug)]
 pub(super) struct QpSet {

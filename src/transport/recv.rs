@@ -9,9 +9,9 @@ use parking_lot::Mutex;
 
 use super::DeviceContext;
 use super::conn::{
-    CTS_RING_BYTES, CTS_SIGNAL_EVERY, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES, SIZES_SLOT_BYTES,
-    WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV, check_peer, completion_error, describe_local,
-    describe_remote, local_hello, path_params,
+    CTS_RING_BYTES, CTS_SIGNAL_EVERY, Failure, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES,
+    SIZES_SLOT_BYTES, WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV, check_peer, completion_error,
+    describe_local, describe_remote, local_hello, path_params,
 };
 use super::mr::MrHandle;
 use super::wire_io::HandshakeStream;
@@ -209,7 +209,7 @@ impl ListenComm {
             remote: remote_desc,
             state: Mutex::new(RecvState {
                 proto: RecvSide::new(layout),
-                failed: None,
+                failed: Failure::default(),
                 completed_any: false,
                 cts_posted: 0,
                 flushes: vec![FlushSlot::Free; SLOTS],
@@ -266,7 +266,7 @@ enum FlushSlot {
 #[derive(Debug)]
 struct RecvState {
     proto: RecvSide,
-    failed: Option<(Kind, String)>,
+    failed: Failure,
     completed_any: bool,
     cts_posted: u64,
     flushes: Vec<FlushSlot>,
@@ -327,7 +327,7 @@ impl RecvComm {
             })
             .collect();
         let mut st = self.state.lock();
-        self.check_failed(&st)?;
+        st.failed.check()?;
         let Some((seq, cts)) = st.proto.irecv(&bufs)? else {
             return Ok(None);
         };
@@ -357,7 +357,7 @@ impl RecvComm {
         })();
         match result {
             Ok(()) => Ok(Some(cts.slot)),
-            Err(e) => Err(self.fail(&mut st, e)),
+            Err(e) => Err(st.failed.record(e)),
         }
     }
 
@@ -374,7 +374,7 @@ impl RecvComm {
             return Ok(None);
         };
         let mut st = self.state.lock();
-        self.check_failed(&st)?;
+        st.failed.check()?;
         let Some(k) = st.flushes.iter().position(|f| *f == FlushSlot::Free) else {
             return Err(Error::misuse(format!(
                 "more than {SLOTS} flushes in flight"
@@ -393,7 +393,7 @@ impl RecvComm {
         // SAFETY: the scratch region lives as long as the comm; the read source is a registered
         // receive buffer NCCL keeps alive until this request completes.
         if let Err(e) = unsafe { flush.qp.post_send(&[wr]) } {
-            return Err(self.fail(&mut st, e));
+            return Err(st.failed.record(e));
         }
         st.flushes[k] = FlushSlot::Pending;
         Ok(Some(SLOTS + k))
@@ -405,7 +405,7 @@ impl RecvComm {
     /// The comm's failure, or `Misuse` for an index that is not in flight.
     pub fn test(&self, index: usize) -> Result<Option<Vec<u64>>> {
         let mut st = self.state.lock();
-        self.check_failed(&st)?;
+        st.failed.check()?;
         for _ in 0..2 {
             if let Some(sizes) = self.take_done(&mut st, index)? {
                 return Ok(Some(sizes));
@@ -446,25 +446,13 @@ impl RecvComm {
         Ok(Some(sizes))
     }
 
-    fn check_failed(&self, st: &RecvState) -> Result<()> {
-        match &st.failed {
-            Some((kind, what)) => Err(Error::new(*kind, what.clone())),
-            None => Ok(()),
-        }
-    }
-
-    fn fail(&self, st: &mut RecvState, e: Error) -> Error {
-        st.failed = Some((e.kind(), e.to_string()));
-        e
-    }
-
     fn progress(&self, st: &mut RecvState) -> Result<()> {
         let mut completions: Vec<Completion> = Vec::new();
         while self.qps.cq.poll(&mut completions)? > 0 {}
         for c in &completions {
             if !c.is_ok() {
                 let e = completion_error(c, &self.local, &self.remote, st.completed_any);
-                return Err(self.fail(st, e));
+                return Err(st.failed.record(e));
             }
             let handled = match c.wr_id & !WR_INDEX_MASK {
                 WR_RECV if c.opcode == OPCODE_RECV_RDMA_WITH_IMM => {
@@ -485,7 +473,7 @@ impl RecvComm {
                 _ => Ok(()),
             };
             if let Err(e) = handled {
-                return Err(self.fail(st, e));
+                return Err(st.failed.record(e));
             }
         }
         Ok(())

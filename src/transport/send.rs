@@ -9,8 +9,9 @@ use parking_lot::Mutex;
 
 use super::DeviceContext;
 use super::conn::{
-    CTS_RING_BYTES, QpSet, SEND_QP_CAPS, SIZES_SLOT_BYTES, WR_DATA, WR_INDEX_MASK, WR_SEND_DONE,
-    check_peer, completion_error, describe_local, describe_remote, local_hello, path_params,
+    CTS_RING_BYTES, Failure, QpSet, SEND_QP_CAPS, SIZES_SLOT_BYTES, WR_DATA, WR_INDEX_MASK,
+    WR_SEND_DONE, check_peer, completion_error, describe_local, describe_remote, local_hello,
+    path_params,
 };
 use super::mr::MrHandle;
 use super::wire_io::HandshakeStream;
@@ -185,7 +186,7 @@ impl Connecting {
             remote: remote_desc,
             state: Mutex::new(SendState {
                 proto: SendSide::new(layout),
-                failed: None,
+                failed: Failure::default(),
                 completed_any: false,
             }),
         })
@@ -195,7 +196,7 @@ impl Connecting {
 #[derive(Debug)]
 struct SendState {
     proto: SendSide,
-    failed: Option<(Kind, String)>,
+    failed: Failure,
     completed_any: bool,
 }
 
@@ -238,12 +239,12 @@ impl SendComm {
     ) -> Result<Option<usize>> {
         mr.check(addr, size)?;
         let mut st = self.state.lock();
-        self.check_failed(&st)?;
+        st.failed.check()?;
         if let Some((seq, slot)) = st.proto.wants_cts() {
             match self.read_cts(seq, slot) {
                 Ok(Some(entries)) => st.proto.handle_cts(entries)?,
                 Ok(None) => return Ok(None),
-                Err(e) => return Err(self.fail(&mut st, e)),
+                Err(e) => return Err(st.failed.record(e)),
             }
         }
         let Some(accepted) = st.proto.isend(SendBuf {
@@ -262,7 +263,7 @@ impl SendComm {
             );
         }
         if let Err(e) = self.post(&accepted.posts) {
-            return Err(self.fail(&mut st, e));
+            return Err(st.failed.record(e));
         }
         Ok(Some(accepted.slot * MAX_RECVS + accepted.entry))
     }
@@ -274,7 +275,7 @@ impl SendComm {
     pub fn test(&self, index: usize) -> Result<Option<u64>> {
         let (slot, entry) = (index / MAX_RECVS, index % MAX_RECVS);
         let mut st = self.state.lock();
-        self.check_failed(&st)?;
+        st.failed.check()?;
         for _ in 0..2 {
             if let Some(size) = st.proto.poll_done(slot, entry) {
                 st.proto.release(slot, entry);
@@ -283,18 +284,6 @@ impl SendComm {
             self.progress(&mut st)?;
         }
         Ok(None)
-    }
-
-    fn check_failed(&self, st: &SendState) -> Result<()> {
-        match &st.failed {
-            Some((kind, what)) => Err(Error::new(*kind, what.clone())),
-            None => Ok(()),
-        }
-    }
-
-    fn fail(&self, st: &mut SendState, e: Error) -> Error {
-        st.failed = Some((e.kind(), e.to_string()));
-        e
     }
 
     /// The ring slot's entries once all of them carry `seq + 1`.
@@ -400,13 +389,13 @@ impl SendComm {
         for c in &completions {
             if !c.is_ok() {
                 let e = completion_error(c, &self.local, &self.remote, st.completed_any);
-                return Err(self.fail(st, e));
+                return Err(st.failed.record(e));
             }
             if c.wr_id & !WR_INDEX_MASK == WR_SEND_DONE {
                 st.completed_any = true;
                 let slot = usize::try_from(c.wr_id & WR_INDEX_MASK).unwrap_or(usize::MAX);
                 if let Err(e) = st.proto.handle_completion(slot) {
-                    return Err(self.fail(st, e));
+                    return Err(st.failed.record(e));
                 }
             }
         }

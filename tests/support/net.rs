@@ -124,6 +124,20 @@ impl Net {
         mh
     }
 
+    /// One regMrDmaBuf call on `buf` with `fd` (offset 0).
+    pub fn reg_mr_dmabuf_step(
+        &self,
+        comm: *mut c_void,
+        buf: &mut [u8],
+        fd: i32,
+    ) -> Result<*mut c_void, i32> {
+        let mut mh = ptr::null_mut();
+        let f = self.v.regMrDmaBuf.expect("regMrDmaBuf is in the table");
+        // SAFETY: valid buffer and out-pointer; the plugin validates the fd.
+        let rc = unsafe { f(comm, buf.as_mut_ptr().cast(), buf.len(), 1, 0, fd, &mut mh) }.0;
+        if rc == 0 { Ok(mh) } else { Err(rc) }
+    }
+
     pub fn dereg_mr(&self, comm: *mut c_void, mh: *mut c_void) {
         // SAFETY: a handle from reg_mr (or NULL).
         ok(unsafe { (self.v.deregMr.unwrap())(comm, mh) }.0, "deregMr");
