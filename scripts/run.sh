@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
-# The main job on this machine: build the plugin, load it the way NCCL does, and show which
-# devices it offers NCCL and why (NCCL_DEBUG=INFO). On a machine with RDMA NICs this runs on
-# them; without any it runs inside the Soft-RoCE VM (rxe0, rxe1).
+# The main job: build the plugin and its benchmark in release mode, then measure.
+# - No RDMA NIC here (the default on dev and CI machines): boot the Soft-RoCE VM and print the
+#   side-by-side table of perftest (ib_write_bw / ib_write_lat) and this plugin on rxe0.
+# - RDMA NICs present: run nccl-net-bench on the first plugin device (two processes, loopback
+#   rendezvous), NCCL-like pipelining, the table with bandwidth, message rate, latency, CPU.
 #
-# usage: scripts/run.sh   (extra NCCL_* variables, e.g. NCCL_IB_HCA, are passed through)
+# usage: scripts/run.sh [ARGS...]   ARGS go to bench-vs-perftest.sh (VM) or nccl-net-bench (NIC),
+#                                   e.g. --plugin /other/libnccl-net.so to measure another plugin
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 command -v cargo >/dev/null || . "$HOME/.cargo/env"
 "$repo/scripts/deps.sh" build >/dev/null
-cargo build --release --lib
-host="$repo/target/release/plugin_host"
-cc -std=c11 -O1 -I nccl-headers tests/c_host/plugin_host.c -o "$host" -ldl
-plugin="$repo/target/release/libnccl_net.so"
-nccl_env=(NCCL_DEBUG="${NCCL_DEBUG:-INFO}")
-while IFS='=' read -r name value; do
-  [ "$name" != NCCL_DEBUG ] && nccl_env+=("$name=$value")
-done < <(env | grep '^NCCL_' || true)
+cargo build --release --lib --bin nccl-net-bench
 
 if compgen -G "/sys/class/infiniband/*" >/dev/null; then
-  exec env "${nccl_env[@]}" "$host" "$plugin"
+  has_plugin=0
+  for a in "$@"; do [ "$a" = --plugin ] && has_plugin=1; done
+  if [ "$has_plugin" = 1 ]; then
+    exec target/release/nccl-net-bench "$@"
+  fi
+  exec target/release/nccl-net-bench --plugin target/release/libnccl_net.so "$@"
 fi
-echo "run.sh: no RDMA device on this machine; running in the Soft-RoCE VM" >&2
-exec "$repo/scripts/rdma-vm.sh" env "${nccl_env[@]}" "$host" "$plugin"
+echo "run.sh: no RDMA device on this machine; measuring on Soft-RoCE in the VM (a few minutes)" >&2
+exec "$repo/scripts/rdma-vm.sh" scripts/bench-vs-perftest.sh "$@"

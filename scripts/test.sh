@@ -27,7 +27,7 @@ step() { # step NAME CMD...: run, tee into target/test-logs/NAME.log, remember f
 }
 
 # VM-only suites ([[test]] ... test = false in Cargo.toml).
-rdma_suites=(rdma_devices rdma_conformance)
+rdma_suites=(rdma_devices rdma_bench rdma_conformance)
 
 check_install() {
   local prefix="$repo/target/install-check"

@@ -406,13 +406,11 @@ impl RecvComm {
     pub fn test(&self, index: usize) -> Result<Option<Vec<u64>>> {
         let mut st = self.state.lock();
         st.failed.check()?;
-        for _ in 0..2 {
-            if let Some(sizes) = self.take_done(&mut st, index)? {
-                return Ok(Some(sizes));
-            }
-            self.progress(&mut st)?;
+        if let Some(sizes) = self.take_done(&mut st, index)? {
+            return Ok(Some(sizes));
         }
-        Ok(None)
+        self.progress(&mut st)?;
+        self.take_done(&mut st, index)
     }
 
     fn take_done(&self, st: &mut RecvState, index: usize) -> Result<Option<Vec<u64>>> {
@@ -435,8 +433,7 @@ impl RecvComm {
         let sizes = if done.n == 1 {
             vec![done.imm_sum]
         } else {
-            let mut raw = [0u8; SIZES_SLOT_BYTES];
-            self.sizes_ring.read(index * SIZES_SLOT_BYTES, &mut raw);
+            let raw: [u8; SIZES_SLOT_BYTES] = self.sizes_ring.read(index * SIZES_SLOT_BYTES);
             raw.chunks_exact(4)
                 .take(done.n)
                 .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
@@ -447,35 +444,40 @@ impl RecvComm {
     }
 
     fn progress(&self, st: &mut RecvState) -> Result<()> {
-        let mut completions: Vec<Completion> = Vec::new();
-        while self.qps.cq.poll(&mut completions)? > 0 {}
-        for c in &completions {
-            if !c.is_ok() {
-                let e = completion_error(c, &self.local, &self.remote, st.completed_any);
-                return Err(st.failed.record(e));
+        loop {
+            let batch = self.qps.cq.poll()?;
+            if batch.is_empty() {
+                return Ok(());
             }
-            let handled = match c.wr_id & !WR_INDEX_MASK {
-                WR_RECV if c.opcode == OPCODE_RECV_RDMA_WITH_IMM => {
-                    st.completed_any = true;
-                    let qp = self
-                        .qps
-                        .index_of(c.qp_num)
-                        .ok_or_else(|| Error::misuse("completion from an unknown QP"));
-                    qp.and_then(|q| st.proto.handle_completion(q, c.imm.unwrap_or(0)))
-                }
-                WR_FLUSH => {
-                    let k = usize::try_from(c.wr_id & WR_INDEX_MASK).unwrap_or(usize::MAX);
-                    if let Some(f) = st.flushes.get_mut(k) {
-                        *f = FlushSlot::Done;
-                    }
-                    Ok(())
-                }
-                _ => Ok(()),
-            };
-            if let Err(e) = handled {
-                return Err(st.failed.record(e));
+            for c in batch {
+                self.handle(st, &c)?;
             }
         }
-        Ok(())
+    }
+
+    fn handle(&self, st: &mut RecvState, c: &Completion) -> Result<()> {
+        if !c.is_ok() {
+            let e = completion_error(c, &self.local, &self.remote, st.completed_any);
+            return Err(st.failed.record(e));
+        }
+        let handled = match c.wr_id & !WR_INDEX_MASK {
+            WR_RECV if c.opcode == OPCODE_RECV_RDMA_WITH_IMM => {
+                st.completed_any = true;
+                let qp = self
+                    .qps
+                    .index_of(c.qp_num)
+                    .ok_or_else(|| Error::misuse("completion from an unknown QP"));
+                qp.and_then(|q| st.proto.handle_completion(q, c.imm.unwrap_or(0)))
+            }
+            WR_FLUSH => {
+                let k = usize::try_from(c.wr_id & WR_INDEX_MASK).unwrap_or(usize::MAX);
+                if let Some(f) = st.flushes.get_mut(k) {
+                    *f = FlushSlot::Done;
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        };
+        handled.map_err(|e| st.failed.record(e))
     }
 }

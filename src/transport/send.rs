@@ -23,6 +23,9 @@ use crate::verbs::{Access, Completion, HostRegion, Op, WorkRequest};
 /// Requests a send comm can have in flight: every entry of every slot.
 pub const SEND_REQUESTS: usize = SLOTS * MAX_RECVS;
 
+/// Work requests per posted chain (a grouped message per QP needs at most MAX_RECVS + 2).
+const CHAIN: usize = MAX_RECVS + 2;
+
 /// How long one attempt to open the TCP connection may block an NCCL call.
 const DIAL_ATTEMPT: Duration = Duration::from_millis(100);
 
@@ -276,14 +279,14 @@ impl SendComm {
         let (slot, entry) = (index / MAX_RECVS, index % MAX_RECVS);
         let mut st = self.state.lock();
         st.failed.check()?;
-        for _ in 0..2 {
-            if let Some(size) = st.proto.poll_done(slot, entry) {
-                st.proto.release(slot, entry);
-                return Ok(Some(size));
-            }
+        if st.proto.poll_done(slot, entry).is_none() {
             self.progress(&mut st)?;
         }
-        Ok(None)
+        let done = st.proto.poll_done(slot, entry);
+        if done.is_some() {
+            st.proto.release(slot, entry);
+        }
+        Ok(done)
     }
 
     /// The ring slot's entries once all of them carry `seq + 1`.
@@ -294,9 +297,7 @@ impl SendComm {
             return Ok(None);
         }
         let mut entries = Vec::with_capacity(MAX_RECVS);
-        let mut bytes = [0u8; Cts::LEN];
-        self.cts_ring.read(base, &mut bytes);
-        let first = Cts::parse(&bytes);
+        let first = Cts::parse(&self.cts_ring.read(base));
         let n = first.nreqs as usize;
         if !(1..=MAX_RECVS).contains(&n) {
             return Err(Error::new(
@@ -310,93 +311,126 @@ impl SendComm {
             if self.cts_ring.read_u64_acquire(at + Cts::SEQ_OFFSET) != want {
                 return Ok(None);
             }
-            self.cts_ring.read(at, &mut bytes);
-            entries.push(Cts::parse(&bytes));
+            entries.push(Cts::parse(&self.cts_ring.read(at)));
         }
         Ok(Some(entries))
     }
 
+    /// Post `posts` (grouped by QP, in order) as one chain per QP.
     fn post(&self, posts: &[Post]) -> Result<()> {
-        let mut per_qp: Vec<Vec<WorkRequest>> = vec![Vec::new(); self.qps.qps.len()];
+        let mut chain = [WorkRequest::EMPTY; CHAIN];
+        let (mut len, mut chain_qp) = (0, 0);
         for p in posts {
-            match *p {
-                Post::Write {
-                    qp,
-                    local_addr,
-                    lkey,
-                    len,
-                    remote_addr,
-                    rkey,
-                } => per_qp[qp].push(WorkRequest {
+            let (qp, wr) = self.work_request(p)?;
+            if len > 0 && (qp != chain_qp || len == CHAIN) {
+                self.post_chain(chain_qp, &chain[..len])?;
+                len = 0;
+            }
+            chain_qp = qp;
+            chain[len] = wr;
+            len += 1;
+        }
+        self.post_chain(chain_qp, &chain[..len])
+    }
+
+    fn post_chain(&self, qp: usize, wrs: &[WorkRequest]) -> Result<()> {
+        // SAFETY: payload memory is NCCL's, valid until test() reports done (isend's contract);
+        // the sizes staging slot is rewritten only after this slot's completion.
+        unsafe { self.qps.qps[qp].post_send(wrs) }
+    }
+
+    fn work_request(&self, p: &Post) -> Result<(usize, WorkRequest)> {
+        let len32 =
+            |len: u64| u32::try_from(len).map_err(|_| Error::misuse("message larger than 4 GiB"));
+        Ok(match *p {
+            Post::Write {
+                qp,
+                local_addr,
+                lkey,
+                len,
+                remote_addr,
+                rkey,
+            } => {
+                let wr = WorkRequest {
                     wr_id: WR_DATA,
                     op: Op::Write,
                     local_addr,
-                    len: u32::try_from(len)
-                        .map_err(|_| Error::misuse("message larger than 4 GiB"))?,
+                    len: len32(len)?,
                     lkey,
                     remote_addr,
                     rkey,
                     signaled: false,
-                }),
-                Post::Sizes { qp, slot, sizes } => {
-                    let bytes: Vec<u8> = sizes.iter().flat_map(|s| s.to_le_bytes()).collect();
-                    let offset = slot * SIZES_SLOT_BYTES;
-                    self.sizes_staging.write(offset, &bytes);
-                    per_qp[qp].push(WorkRequest {
-                        wr_id: WR_DATA,
-                        op: Op::Write,
-                        local_addr: self.sizes_staging.addr(offset),
-                        len: SIZES_SLOT_BYTES as u32,
-                        lkey: self.sizes_staging.mr().lkey(),
-                        remote_addr: self.remote_sizes_addr + offset as u64,
-                        rkey: self.remote_sizes_rkey,
-                        signaled: false,
-                    });
+                };
+                (qp, wr)
+            }
+            Post::Sizes { qp, slot, sizes } => {
+                let mut bytes = [0u8; SIZES_SLOT_BYTES];
+                for (chunk, size) in bytes.chunks_exact_mut(4).zip(sizes) {
+                    chunk.copy_from_slice(&size.to_le_bytes());
                 }
-                Post::WriteImm {
-                    qp,
+                let offset = slot * SIZES_SLOT_BYTES;
+                self.sizes_staging.write(offset, &bytes);
+                let wr = WorkRequest {
+                    wr_id: WR_DATA,
+                    op: Op::Write,
+                    local_addr: self.sizes_staging.addr(offset),
+                    len: SIZES_SLOT_BYTES as u32,
+                    lkey: self.sizes_staging.mr().lkey(),
+                    remote_addr: self.remote_sizes_addr + offset as u64,
+                    rkey: self.remote_sizes_rkey,
+                    signaled: false,
+                };
+                (qp, wr)
+            }
+            Post::WriteImm {
+                qp,
+                local_addr,
+                lkey,
+                len,
+                remote_addr,
+                rkey,
+                imm,
+                slot,
+            } => {
+                let wr_id = WR_SEND_DONE | slot as u64;
+                let op = Op::WriteImm(imm);
+                let wr = WorkRequest {
+                    wr_id,
+                    op,
                     local_addr,
-                    lkey,
-                    len,
-                    remote_addr,
-                    rkey,
-                    imm,
-                    slot,
-                } => per_qp[qp].push(WorkRequest {
-                    wr_id: WR_SEND_DONE | slot as u64,
-                    op: Op::WriteImm(imm),
-                    local_addr,
-                    len: u32::try_from(len)
-                        .map_err(|_| Error::misuse("message larger than 4 GiB"))?,
+                    len: len32(len)?,
                     lkey,
                     remote_addr,
                     rkey,
                     signaled: true,
-                }),
+                };
+                (qp, wr)
             }
-        }
-        for (qp, wrs) in self.qps.qps.iter().zip(&per_qp) {
-            // SAFETY: payload memory is NCCL's, valid until test() reports done (isend's
-            // contract); the sizes staging slot is reused only after this slot's completion.
-            unsafe { qp.post_send(wrs) }?;
-        }
-        Ok(())
+        })
     }
 
     fn progress(&self, st: &mut SendState) -> Result<()> {
-        let mut completions: Vec<Completion> = Vec::new();
-        while self.qps.cq.poll(&mut completions)? > 0 {}
-        for c in &completions {
-            if !c.is_ok() {
-                let e = completion_error(c, &self.local, &self.remote, st.completed_any);
-                return Err(st.failed.record(e));
+        loop {
+            let batch = self.qps.cq.poll()?;
+            if batch.is_empty() {
+                return Ok(());
             }
-            if c.wr_id & !WR_INDEX_MASK == WR_SEND_DONE {
-                st.completed_any = true;
-                let slot = usize::try_from(c.wr_id & WR_INDEX_MASK).unwrap_or(usize::MAX);
-                if let Err(e) = st.proto.handle_completion(slot) {
-                    return Err(st.failed.record(e));
-                }
+            for c in batch {
+                self.handle(st, &c)?;
+            }
+        }
+    }
+
+    fn handle(&self, st: &mut SendState, c: &Completion) -> Result<()> {
+        if !c.is_ok() {
+            let e = completion_error(c, &self.local, &self.remote, st.completed_any);
+            return Err(st.failed.record(e));
+        }
+        if c.wr_id & !WR_INDEX_MASK == WR_SEND_DONE {
+            st.completed_any = true;
+            let slot = usize::try_from(c.wr_id & WR_INDEX_MASK).unwrap_or(usize::MAX);
+            if let Err(e) = st.proto.handle_completion(slot) {
+                return Err(st.failed.record(e));
             }
         }
         Ok(())

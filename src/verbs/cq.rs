@@ -98,35 +98,71 @@ impl CompletionQueue {
         self.raw.as_ptr()
     }
 
-    /// Append up to one batch of completions to `out`; returns how many were read.
+    /// Read up to one batch of completions (none when the queue is empty).
     ///
     /// # Errors
     /// `System` when `ibv_poll_cq` fails (the CQ is broken).
-    pub fn poll(&self, out: &mut Vec<Completion>) -> Result<usize> {
-        let mut wcs = MaybeUninit::<[sys::ibv_wc; POLL_BATCH]>::zeroed();
-        // SAFETY: live CQ; `wcs` has room for POLL_BATCH entries.
-        let n = unsafe { sys::ibv_poll_cq(self.raw(), POLL_BATCH as i32, wcs.as_mut_ptr().cast()) };
+    pub fn poll(&self) -> Result<CompletionBatch> {
+        let mut batch = CompletionBatch {
+            wcs: [const { MaybeUninit::uninit() }; POLL_BATCH],
+            len: 0,
+            next: 0,
+        };
+        // SAFETY: live CQ; `wcs` has room for POLL_BATCH entries, which the provider writes.
+        let n = unsafe {
+            sys::ibv_poll_cq(self.raw(), POLL_BATCH as i32, batch.wcs.as_mut_ptr().cast())
+        };
         if n < 0 {
             return Err(Error::system(
                 format!("ibv_poll_cq on {} failed", self.device.name()),
                 io::Error::from_raw_os_error(-n),
             ));
         }
-        // SAFETY: zeroed plain C data; the first `n` entries were filled by the provider.
-        let wcs = unsafe { wcs.assume_init() };
-        for wc in &wcs[..n as usize] {
-            // SAFETY: reading a plain u32 out of a union of u32s.
-            let imm = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
-            out.push(Completion {
-                wr_id: wc.wr_id,
-                status: wc.status,
-                opcode: wc.opcode,
-                vendor_err: wc.vendor_err,
-                qp_num: wc.qp_num,
-                imm: (wc.wc_flags & WC_WITH_IMM != 0).then(|| u32::from_be(imm)),
-            });
+        batch.len = n as usize;
+        Ok(batch)
+    }
+}
+
+/// Completions read by one poll, yielded in order.
+#[derive(Debug)]
+pub struct CompletionBatch {
+    wcs: [MaybeUninit<sys::ibv_wc>; POLL_BATCH],
+    len: usize,
+    next: usize,
+}
+
+impl CompletionBatch {
+    /// Number of completions read.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the queue was empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Iterator for CompletionBatch {
+    type Item = Completion;
+
+    fn next(&mut self) -> Option<Completion> {
+        if self.next >= self.len {
+            return None;
         }
-        Ok(n as usize)
+        // SAFETY: the provider initialised the first `len` entries.
+        let wc = unsafe { self.wcs[self.next].assume_init_ref() };
+        self.next += 1;
+        // SAFETY: reading a plain u32 out of a union of u32s.
+        let imm = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
+        Some(Completion {
+            wr_id: wc.wr_id,
+            status: wc.status,
+            opcode: wc.opcode,
+            vendor_err: wc.vendor_err,
+            qp_num: wc.qp_num,
+            imm: (wc.wc_flags & WC_WITH_IMM != 0).then(|| u32::from_be(imm)),
+        })
     }
 }
 

@@ -305,14 +305,11 @@ impl HostRegion {
         u64::from_le(v)
     }
 
-    /// Copy `out.len()` bytes out of the region at `offset`.
-    pub fn read(&self, offset: usize, out: &mut [u8]) {
-        let base = self.at(offset, out.len());
-        for (i, b) in out.iter_mut().enumerate() {
-            // SAFETY: in bounds (checked by `at`).
-            let byte = unsafe { base.add(i) };
-            // SAFETY: valid for reads; volatile because the NIC may write concurrently.
-            *b = unsafe { byte.read_volatile() };
-        }
+    /// Copy `N` bytes out of the region at `offset`.
+    pub fn read<const N: usize>(&self, offset: usize) -> [u8; N] {
+        let at = self.at(offset, N).cast::<[u8; N]>();
+        // SAFETY: in bounds (checked by `at`); one volatile read because the NIC may write the
+        // memory concurrently ([u8; N] has alignment 1).
+        unsafe { at.read_volatile() }
     }
 }

@@ -19,6 +19,10 @@ pub struct QpCaps {
     pub max_recv_wr: u32,
 }
 
+/// Bytes a work request may carry inline (copied into the WQE at post time, so the NIC need
+/// not fetch them): CTS entries and small payloads. A device that refuses gets 0.
+const MAX_INLINE: u32 = 64;
+
 /// The remote end a QP connects to.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct RemoteEndpoint {
@@ -83,11 +87,29 @@ pub struct WorkRequest {
     pub signaled: bool,
 }
 
+impl WorkRequest {
+    /// A placeholder for fixed-size arrays of requests.
+    pub const EMPTY: Self = Self {
+        wr_id: 0,
+        op: Op::Write,
+        local_addr: 0,
+        len: 0,
+        lkey: 0,
+        remote_addr: 0,
+        rkey: 0,
+        signaled: false,
+    };
+}
+
+/// Work requests posted with one `ibv_post_send` at most (longer lists are split).
+const MAX_CHAIN: usize = 16;
+
 /// An RC queue pair.
 #[derive(Debug)]
 pub struct QueuePair {
     raw: NonNull<sys::ibv_qp>,
     qpn: u32,
+    max_inline: u32,
     // Keep the PD and CQ alive until the QP is destroyed.
     pd: Arc<ProtectionDomain>,
     _cq: Arc<CompletionQueue>,
@@ -103,6 +125,7 @@ const IBV_QPS_RTR: u32 = 2;
 const IBV_QPS_RTS: u32 = 3;
 const IBV_QPT_RC: u32 = 2;
 const IBV_SEND_SIGNALED: u32 = 2;
+const IBV_SEND_INLINE: u32 = 8;
 
 impl QueuePair {
     /// Create an RC QP on `pd` whose send and receive completions go to `cq`.
@@ -114,31 +137,39 @@ impl QueuePair {
         cq: &Arc<CompletionQueue>,
         caps: QpCaps,
     ) -> Result<Self> {
-        // SAFETY: all-zero is a valid ibv_qp_init_attr (plain C data); fields are set below.
-        let mut attr: sys::ibv_qp_init_attr = unsafe { MaybeUninit::zeroed().assume_init() };
-        attr.send_cq = cq.raw();
-        attr.recv_cq = cq.raw();
-        attr.qp_type = IBV_QPT_RC;
-        attr.cap.max_send_wr = caps.max_send_wr;
-        attr.cap.max_recv_wr = caps.max_recv_wr;
-        attr.cap.max_send_sge = 1;
-        attr.cap.max_recv_sge = 1;
-        // SAFETY: live PD and a fully initialised attribute struct.
-        let raw = unsafe { sys::ibv_create_qp(pd.raw(), &mut attr) };
-        let raw = NonNull::new(raw).ok_or_else(|| {
-            Error::system(
-                format!("ibv_create_qp on {} failed", pd.device().name()),
-                io::Error::last_os_error(),
-            )
-        })?;
-        // SAFETY: a QP just created by libibverbs.
-        let qpn = unsafe { (*raw.as_ptr()).qp_num };
-        Ok(Self {
-            raw,
-            qpn,
-            pd: Arc::clone(pd),
-            _cq: Arc::clone(cq),
-        })
+        let mut last_error = None;
+        for max_inline in [MAX_INLINE, 0] {
+            // SAFETY: all-zero is a valid ibv_qp_init_attr (plain C data); fields set below.
+            let mut attr: sys::ibv_qp_init_attr = unsafe { MaybeUninit::zeroed().assume_init() };
+            attr.send_cq = cq.raw();
+            attr.recv_cq = cq.raw();
+            attr.qp_type = IBV_QPT_RC;
+            attr.cap.max_send_wr = caps.max_send_wr;
+            attr.cap.max_recv_wr = caps.max_recv_wr;
+            attr.cap.max_send_sge = 1;
+            attr.cap.max_recv_sge = 1;
+            attr.cap.max_inline_data = max_inline;
+            // SAFETY: live PD and a fully initialised attribute struct.
+            let raw = unsafe { sys::ibv_create_qp(pd.raw(), &mut attr) };
+            match NonNull::new(raw) {
+                Some(raw) => {
+                    // SAFETY: a QP just created by libibverbs.
+                    let qpn = unsafe { raw.as_ref() }.qp_num;
+                    return Ok(Self {
+                        raw,
+                        qpn,
+                        max_inline,
+                        pd: Arc::clone(pd),
+                        _cq: Arc::clone(cq),
+                    });
+                }
+                None => last_error = Some(io::Error::last_os_error()),
+            }
+        }
+        Err(Error::system(
+            format!("ibv_create_qp on {} failed", pd.device().name()),
+            last_error.unwrap_or_else(|| io::Error::from_raw_os_error(libc::EINVAL)),
+        ))
     }
 
     /// The QP number.
@@ -240,30 +271,35 @@ impl QueuePair {
     /// # Errors
     /// `System` when the provider refuses the post (e.g. ENOMEM: send queue full).
     pub unsafe fn post_send(&self, wrs: &[WorkRequest]) -> Result<()> {
+        for chain in wrs.chunks(MAX_CHAIN) {
+            // SAFETY: forwarded contract.
+            unsafe { self.post_chain(chain) }?;
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// As `post_send`; `wrs.len() <= MAX_CHAIN`.
+    unsafe fn post_chain(&self, wrs: &[WorkRequest]) -> Result<()> {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut sges: Vec<sys::ibv_sge> = wrs
-            .iter()
-            .map(|w| sys::ibv_sge {
+        let mut sges = [sys::ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; MAX_CHAIN];
+        // SAFETY: all-zero is a valid ibv_send_wr (NULL pointers, zero fields).
+        let mut chain: [sys::ibv_send_wr; MAX_CHAIN] =
+            unsafe { MaybeUninit::zeroed().assume_init() };
+        for (i, (w, c)) in wrs.iter().zip(chain.iter_mut()).enumerate() {
+            c.wr_id = w.wr_id;
+            sges[i] = sys::ibv_sge {
                 addr: w.local_addr,
                 length: w.len,
                 lkey: w.lkey,
-            })
-            .collect();
-        // SAFETY: all-zero is a valid ibv_send_wr (NULL pointers, zero fields).
-        let mut chain: Vec<sys::ibv_send_wr> = (0..wrs.len())
-            .map(|_| unsafe { MaybeUninit::<sys::ibv_send_wr>::zeroed().assume_init() })
-            .collect();
-        let sge_base = sges.as_mut_ptr();
-        let chain_base = chain.as_mut_ptr();
-        for (i, (w, c)) in wrs.iter().zip(chain.iter_mut()).enumerate() {
-            c.wr_id = w.wr_id;
-            if w.len > 0 {
-                // SAFETY: `i` < sges.len(); the vector is not resized while the chain exists.
-                c.sg_list = unsafe { sge_base.add(i) };
-                c.num_sge = 1;
-            }
+            };
+            c.num_sge = i32::from(w.len > 0);
             c.opcode = match w.op {
                 Op::Write => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
                 Op::WriteImm(imm) => {
@@ -272,19 +308,31 @@ impl QueuePair {
                 }
                 Op::Read => sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
             };
-            c.send_flags = if w.signaled { IBV_SEND_SIGNALED } else { 0 };
+            let inline = w.len > 0 && w.len <= self.max_inline && !matches!(w.op, Op::Read);
+            c.send_flags = (if w.signaled { IBV_SEND_SIGNALED } else { 0 })
+                | (if inline { IBV_SEND_INLINE } else { 0 });
             c.wr.rdma = sys::rdma_t {
                 remote_addr: w.remote_addr,
                 rkey: w.rkey,
             };
+        }
+        // Link the chain only now: no reference to either array is taken after these pointers.
+        let (sge_base, chain_base) = (sges.as_mut_ptr(), chain.as_mut_ptr());
+        for i in 0..wrs.len() {
+            let c = chain_base.wrapping_add(i);
+            // SAFETY: `c` points into `chain` (i < wrs.len() <= MAX_CHAIN); no other access to
+            // the array is live.
+            let c = unsafe { &mut *c };
+            if c.num_sge > 0 {
+                c.sg_list = sge_base.wrapping_add(i);
+            }
             if i + 1 < wrs.len() {
-                // SAFETY: `i + 1` < chain.len(); the vector is not resized while posting.
-                c.next = unsafe { chain_base.add(i + 1) };
+                c.next = chain_base.wrapping_add(i + 1);
             }
         }
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: live QP and a well-formed chain whose SGEs outlive the call; memory validity is
-        // the caller's contract.
+        // SAFETY: live QP and a well-formed chain whose SGEs and WRs outlive the call; memory
+        // validity is the caller's contract.
         let rc = unsafe { sys::ibv_post_send(self.raw.as_ptr(), chain_base, &mut bad) };
         if rc != 0 {
             let device = self.pd.device().name();

@@ -1,7 +1,7 @@
 //! Shared by the integration tests: find the built plugin, build the C host that loads it the
 //! way NCCL does, run it with a chosen environment and parse what it prints.
 // Each test binary uses a different part; helpers panic with context instead of returning errors.
-#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+#![allow(dead_code, unused_imports, unreachable_pub, clippy::unwrap_used)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,107 @@
+//! The benchmark, run briefly in the VM against this plugin: every size of the sweep must be in
+//! its JSON with data verified end to end and a positive bandwidth and latency.
+#![allow(clippy::unwrap_used)] // test code panics with context
+
+mod support;
+
+use std::process::Command;
+
+fn bench(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nccl-net-bench"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The numeric value of `"key":` in one JSON result object.
+fn field(obj: &str, key: &str) -> String {
+    let at = obj
+        .find(&format!("\"{key}\":"))
+        .unwrap_or_else(|| panic!("no {key} in {obj}"))
+        + key.len()
+        + 3;
+    obj[at..].split([',', '}']).next().unwrap().to_owned()
+}
+
+#[test]
+fn sweep_reports_every_size_with_verified_data() {
+    assert!(
+        std::path::Path::new("/sys/class/infiniband/rxe0").exists(),
+        "run through scripts/rdma-vm.sh"
+    );
+    let plugin = support::plugin_path();
+    let (ok, stdout, stderr) = bench(&[
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--dev",
+        "rxe0",
+        "--min",
+        "8",
+        "--max",
+        "1M",
+        "--bytes",
+        "2M",
+        "--lat-iters",
+        "20",
+        "--verify",
+        "--json",
+    ]);
+    assert!(ok, "benchmark failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("\"name\":\"RsIB\"") && stdout.contains("\"device\":\"rxe0"),
+        "{stdout}"
+    );
+    let results = &stdout[stdout.find("\"results\":[").unwrap()..];
+    let rows: Vec<&str> = results.split("{\"size\":").skip(1).collect();
+    let sizes: Vec<u64> = rows
+        .iter()
+        .map(|r| r.split(',').next().unwrap().parse().unwrap())
+        .collect();
+    let expected: Vec<u64> = (3..=20).map(|p| 1 << p).collect();
+    assert_eq!(
+        sizes, expected,
+        "one row per power of two from 8 B to 1 MiB"
+    );
+    for row in rows {
+        assert_eq!(field(row, "verified"), "true", "data not verified: {row}");
+        assert!(
+            field(row, "bw_mb_per_s").parse::<f64>().unwrap() > 0.0,
+            "{row}"
+        );
+        assert!(field(row, "lat_us").parse::<f64>().unwrap() > 0.0, "{row}");
+        assert!(field(row, "iters").parse::<u64>().unwrap() >= 32, "{row}");
+    }
+}
+
+#[test]
+fn table_output_has_a_header_and_a_row_per_size() {
+    let plugin = support::plugin_path();
+    let (ok, stdout, stderr) = bench(&[
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--min",
+        "4K",
+        "--max",
+        "16K",
+        "--bytes",
+        "256K",
+        "--lat-iters",
+        "10",
+    ]);
+    assert!(ok, "benchmark failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("# nccl-net-bench: plugin") && stdout.contains("8 in flight"),
+        "{stdout}"
+    );
+    for size in ["4096", "8192", "16384"] {
+        assert!(
+            stdout.lines().any(|l| l.trim_start().starts_with(size)),
+            "no row for {size}:\n{stdout}"
+        );
+    }
+}
