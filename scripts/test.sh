@@ -43,7 +43,8 @@ build_rdma_suites() {
   local args=()
   for s in "${rdma_suites[@]}"; do args+=(--test "$s"); done
   cargo test --no-run "${args[@]}" --message-format=json-render-diagnostics |
-    grep -o '"executable":"[^"]*"' | cut -d'"' -f4 >"$logs/rdma-binaries.txt" &&
+    grep -o '"executable":"[^"]*"' | cut -d'"' -f4 |
+    grep -E "/deps/($(IFS='|'; echo "${rdma_suites[*]}"))-[0-9a-f]+$" >"$logs/rdma-binaries.txt" &&
     [ -s "$logs/rdma-binaries.txt" ] && cat "$logs/rdma-binaries.txt"
 }
 
