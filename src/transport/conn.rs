@@ -93,6 +93,19 @@ impl QpSet {
         Ok(Self { cq, qps })
     }
 
+    /// Hand every completion in the CQ to `each`, until the CQ is empty or `each` fails.
+    pub(super) fn drain(&self, mut each: impl FnMut(&Completion) -> Result<()>) -> Result<()> {
+        loop {
+            let batch = self.cq.poll()?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for c in batch {
+                each(&c)?;
+            }
+        }
+    }
+
     /// QP index of the QP numbered `qpn`.
     pub(super) fn index_of(&self, qpn: u32) -> Option<usize> {
         self.qps.iter().position(|q| q.qpn() == qpn)

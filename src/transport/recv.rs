@@ -444,15 +444,7 @@ impl RecvComm {
     }
 
     fn progress(&self, st: &mut RecvState) -> Result<()> {
-        loop {
-            let batch = self.qps.cq.poll()?;
-            if batch.is_empty() {
-                return Ok(());
-            }
-            for c in batch {
-                self.handle(st, &c)?;
-            }
-        }
+        self.qps.drain(|c| self.handle(st, c))
     }
 
     fn handle(&self, st: &mut RecvState, c: &Completion) -> Result<()> {

@@ -410,15 +410,7 @@ impl SendComm {
     }
 
     fn progress(&self, st: &mut SendState) -> Result<()> {
-        loop {
-            let batch = self.qps.cq.poll()?;
-            if batch.is_empty() {
-                return Ok(());
-            }
-            for c in batch {
-                self.handle(st, &c)?;
-            }
-        }
+        self.qps.drain(|c| self.handle(st, c))
     }
 
     fn handle(&self, st: &mut SendState, c: &Completion) -> Result<()> {
