@@ -32,7 +32,7 @@ fn rc_of(rc: nccl_net::abi::types::ncclResult_t) -> Result<(), i32> {
 
 /// Polls between clock reads: in a VM without a fast clock source every read is a system call,
 /// which would otherwise dominate the latency being measured.
-const POLLS_PER_CLOCK_READ: u32 = 256;
+const POLLS_PER_CLOCK_READ: u32 = 1 << 12;
 
 /// True once `deadline` passed, reading the clock only every `POLLS_PER_CLOCK_READ` calls.
 fn expired(deadline: Instant, polls: &mut u32) -> bool {
@@ -289,6 +289,7 @@ impl Plugin {
 
     /// `test` until done.
     pub fn wait(&self, req: Ptr, deadline: Instant) -> Result<[c_int; 8], String> {
+        let mut polls = 0;
         loop {
             if let Some(sizes) = self
                 .test_step(req)
@@ -296,7 +297,7 @@ impl Plugin {
             {
                 return Ok(sizes);
             }
-            if Instant::now() > deadline {
+            if expired(deadline, &mut polls) {
                 return Err(late("a request"));
             }
         }
