@@ -30,18 +30,6 @@ pub struct MrCache {
     entries: Vec<CacheEntry>,
 }
 
-impl MrCache {
-    /// Registrations currently held (for tests and the doctor).
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether no registration is held.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-}
-
 /// What NCCL's `mhandle` points at: one reference to a registration and the range NCCL asked for.
 #[derive(Debug)]
 pub struct MrHandle {
@@ -61,11 +49,6 @@ impl MrHandle {
     /// Remote key.
     pub fn rkey(&self) -> u32 {
         self.mr.rkey()
-    }
-
-    /// The device this registration belongs to.
-    pub fn device(&self) -> &str {
-        self.ctx.name()
     }
 
     /// Check that `addr..addr + len` lies inside the registered range.
@@ -170,10 +153,5 @@ impl DeviceContext {
             addr,
             len,
         })
-    }
-
-    /// Cached registrations held on this device.
-    pub fn cached_registrations(&self) -> usize {
-        self.mrs.lock().len()
     }
 }

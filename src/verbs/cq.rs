@@ -132,11 +132,6 @@ pub struct CompletionBatch {
 }
 
 impl CompletionBatch {
-    /// Number of completions read.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
     /// Whether the queue was empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0

@@ -137,8 +137,6 @@ impl ProtectionDomain {
         Ok(MemoryRegion {
             raw,
             pd: Arc::clone(self),
-            addr,
-            len,
             lkey,
             rkey,
         })
@@ -164,8 +162,6 @@ impl Drop for ProtectionDomain {
 pub struct MemoryRegion {
     raw: NonNull<sys::ibv_mr>,
     pd: Arc<ProtectionDomain>,
-    addr: u64,
-    len: usize,
     lkey: u32,
     rkey: u32,
 }
@@ -183,18 +179,6 @@ impl MemoryRegion {
     /// Remote key.
     pub fn rkey(&self) -> u32 {
         self.rkey
-    }
-    /// First registered address.
-    pub fn addr(&self) -> u64 {
-        self.addr
-    }
-    /// Registered length.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Whether the registration is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 
