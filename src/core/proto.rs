@@ -239,24 +239,43 @@ pub struct SendBuf {
     pub tag: i32,
 }
 
+/// One RDMA write from registered local memory into a peer's buffer.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RdmaWrite {
+    /// QP index.
+    pub qp: usize,
+    /// Source address (registered under `lkey`).
+    pub local_addr: u64,
+    /// Local key.
+    pub lkey: u32,
+    /// Bytes; may be 0.
+    pub len: u64,
+    /// Destination address.
+    pub remote_addr: u64,
+    /// Destination key.
+    pub rkey: u32,
+}
+
+impl RdmaWrite {
+    /// The part of `buf` the `pos`-th of `used` QPs carries into the buffer `cts` advertised.
+    fn chunk(qp: usize, cts: &Cts, buf: &SendBuf, pos: usize, used: usize) -> Self {
+        let (off, len) = Layout::chunk(buf.size, pos, used);
+        Self {
+            qp,
+            local_addr: buf.addr + off,
+            lkey: buf.lkey,
+            len,
+            remote_addr: cts.addr + off,
+            rkey: cts.rkey,
+        }
+    }
+}
+
 /// A verbs operation the sender's glue must post, in order, per QP.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Post {
     /// Unsignaled RDMA write of payload bytes.
-    Write {
-        /// QP index.
-        qp: usize,
-        /// Source address (registered under `lkey`).
-        local_addr: u64,
-        /// Local key.
-        lkey: u32,
-        /// Bytes.
-        len: u64,
-        /// Destination address.
-        remote_addr: u64,
-        /// Destination key.
-        rkey: u32,
-    },
+    Write(RdmaWrite),
     /// Unsignaled RDMA write of the grouped sizes into the receiver's sizes ring slot.
     Sizes {
         /// QP index.
@@ -266,25 +285,25 @@ pub enum Post {
         /// Sizes of the `n` buffers (rest zero).
         sizes: [u32; MAX_RECVS],
     },
-    /// Signaled RDMA write-with-immediate that completes the message on this QP. `len` may be 0.
+    /// Signaled RDMA write-with-immediate that completes the message on this QP.
     WriteImm {
-        /// QP index.
-        qp: usize,
-        /// Source address.
-        local_addr: u64,
-        /// Local key.
-        lkey: u32,
-        /// Bytes.
-        len: u64,
-        /// Destination address.
-        remote_addr: u64,
-        /// Destination key.
-        rkey: u32,
+        /// The write; its length may be 0.
+        write: RdmaWrite,
         /// Immediate value.
         imm: u32,
         /// Slot whose completion this is.
         slot: usize,
     },
+}
+
+impl Post {
+    /// The QP the operation goes on.
+    pub fn qp(&self) -> usize {
+        match self {
+            Self::Write(w) | Self::WriteImm { write: w, .. } => w.qp,
+            Self::Sizes { qp, .. } => *qp,
+        }
+    }
 }
 
 /// What `isend` accepted.
@@ -417,16 +436,12 @@ impl SendSide {
         let mut posts = Vec::new();
         for (pos, qp) in qps.enumerate() {
             if n == 1 {
-                let (cts, buf) = (slot.cts[0], bufs[0]);
-                let (off, len) = Layout::chunk(buf.size, pos, used);
+                // The payload write itself carries the immediate: the bytes this QP delivered.
+                let write = RdmaWrite::chunk(qp, &slot.cts[0], &bufs[0], pos, used);
+                let imm = u32::try_from(write.len).unwrap_or(u32::MAX);
                 posts.push(Post::WriteImm {
-                    qp,
-                    local_addr: buf.addr + off,
-                    lkey: buf.lkey,
-                    len,
-                    remote_addr: cts.addr + off,
-                    rkey: cts.rkey,
-                    imm: u32::try_from(len).unwrap_or(u32::MAX),
+                    write,
+                    imm,
                     slot: slot_index,
                 });
                 continue;
@@ -434,16 +449,9 @@ impl SendSide {
             let mut sizes = [0u32; MAX_RECVS];
             for (i, (cts, buf)) in slot.cts.iter().zip(&bufs).enumerate() {
                 sizes[i] = u32::try_from(buf.size).unwrap_or(u32::MAX);
-                let (off, len) = Layout::chunk(buf.size, pos, used);
-                if len > 0 {
-                    posts.push(Post::Write {
-                        qp,
-                        local_addr: buf.addr + off,
-                        lkey: buf.lkey,
-                        len,
-                        remote_addr: cts.addr + off,
-                        rkey: cts.rkey,
-                    });
+                let write = RdmaWrite::chunk(qp, cts, buf, pos, used);
+                if write.len > 0 {
+                    posts.push(Post::Write(write));
                 }
             }
             posts.push(Post::Sizes {
@@ -451,14 +459,13 @@ impl SendSide {
                 slot: slot_index,
                 sizes,
             });
-            let first = slot.cts[0];
-            posts.push(Post::WriteImm {
-                qp,
-                local_addr: bufs[0].addr,
-                lkey: bufs[0].lkey,
+            // A zero-length write-with-immediate closes the group on this QP.
+            let write = RdmaWrite {
                 len: 0,
-                remote_addr: first.addr,
-                rkey: first.rkey,
+                ..RdmaWrite::chunk(qp, &slot.cts[0], &bufs[0], 0, 1)
+            };
+            posts.push(Post::WriteImm {
+                write,
                 imm: 0,
                 slot: slot_index,
             });

@@ -70,19 +70,18 @@ impl Pair {
         let accepted = self.send.isend(buf)?;
         if let Some(a) = &accepted {
             for p in &a.posts {
-                let qp = match *p {
-                    Post::Write { qp, .. } | Post::Sizes { qp, .. } | Post::WriteImm { qp, .. } => {
-                        qp
-                    }
-                };
-                self.wire[qp].push_back(*p);
+                self.wire[p.qp()].push_back(*p);
             }
         }
         Ok(accepted)
     }
 
-    fn copy(&mut self, local: u64, remote: u64, len: u64) {
-        let (l, r, n) = (local as usize, remote as usize, len as usize);
+    fn copy(&mut self, w: &RdmaWrite) {
+        let (l, r, n) = (
+            w.local_addr as usize,
+            w.remote_addr as usize,
+            w.len as usize,
+        );
         self.recv_mem[r..r + n].copy_from_slice(&self.sender_mem[l..l + n]);
     }
 
@@ -95,24 +94,11 @@ impl Pair {
             (!busy.is_empty()).then(|| busy[(self.rng.next() % busy.len() as u64) as usize])
         } {
             match self.wire[qp].pop_front().unwrap() {
-                Post::Write {
-                    local_addr,
-                    len,
-                    remote_addr,
-                    ..
-                } => self.copy(local_addr, remote_addr, len),
+                Post::Write(w) => self.copy(&w),
                 Post::Sizes { slot, sizes, .. } => self.sizes_ring[slot] = sizes,
-                Post::WriteImm {
-                    qp,
-                    local_addr,
-                    len,
-                    remote_addr,
-                    imm,
-                    slot,
-                    ..
-                } => {
-                    self.copy(local_addr, remote_addr, len);
-                    self.recv.handle_completion(qp, imm).unwrap();
+                Post::WriteImm { write, imm, slot } => {
+                    self.copy(&write);
+                    self.recv.handle_completion(write.qp, imm).unwrap();
                     self.send.handle_completion(slot).unwrap();
                 }
             }

@@ -16,7 +16,7 @@ use super::conn::{
 use super::mr::MrHandle;
 use super::wire_io::HandshakeStream;
 use crate::core::error::{Error, Kind, Result};
-use crate::core::proto::{Layout, Post, SLOTS, SendBuf, SendSide};
+use crate::core::proto::{Layout, Post, RdmaWrite, SLOTS, SendBuf, SendSide};
 use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS};
 use crate::verbs::{Access, Completion, HostRegion, Op, WorkRequest};
 
@@ -340,28 +340,25 @@ impl SendComm {
     }
 
     fn work_request(&self, p: &Post) -> Result<(usize, WorkRequest)> {
-        let len32 =
-            |len: u64| u32::try_from(len).map_err(|_| Error::misuse("message larger than 4 GiB"));
-        Ok(match *p {
-            Post::Write {
-                qp,
-                local_addr,
-                lkey,
+        let request = |w: &RdmaWrite, wr_id: u64, op: Op, signaled: bool| {
+            let len =
+                u32::try_from(w.len).map_err(|_| Error::misuse("message larger than 4 GiB"))?;
+            let wr = WorkRequest {
+                wr_id,
+                op,
+                local_addr: w.local_addr,
                 len,
-                remote_addr,
-                rkey,
-            } => {
-                let wr = WorkRequest {
-                    wr_id: WR_DATA,
-                    op: Op::Write,
-                    local_addr,
-                    len: len32(len)?,
-                    lkey,
-                    remote_addr,
-                    rkey,
-                    signaled: false,
-                };
-                (qp, wr)
+                lkey: w.lkey,
+                remote_addr: w.remote_addr,
+                rkey: w.rkey,
+                signaled,
+            };
+            Ok((w.qp, wr))
+        };
+        match *p {
+            Post::Write(w) => request(&w, WR_DATA, Op::Write, false),
+            Post::WriteImm { write, imm, slot } => {
+                request(&write, WR_SEND_DONE | slot as u64, Op::WriteImm(imm), true)
             }
             Post::Sizes { qp, slot, sizes } => {
                 let mut bytes = [0u8; SIZES_SLOT_BYTES];
@@ -370,43 +367,17 @@ impl SendComm {
                 }
                 let offset = slot * SIZES_SLOT_BYTES;
                 self.sizes_staging.write(offset, &bytes);
-                let wr = WorkRequest {
-                    wr_id: WR_DATA,
-                    op: Op::Write,
+                let write = RdmaWrite {
+                    qp,
                     local_addr: self.sizes_staging.addr(offset),
-                    len: SIZES_SLOT_BYTES as u32,
                     lkey: self.sizes_staging.mr().lkey(),
+                    len: SIZES_SLOT_BYTES as u64,
                     remote_addr: self.remote_sizes_addr + offset as u64,
                     rkey: self.remote_sizes_rkey,
-                    signaled: false,
                 };
-                (qp, wr)
+                request(&write, WR_DATA, Op::Write, false)
             }
-            Post::WriteImm {
-                qp,
-                local_addr,
-                lkey,
-                len,
-                remote_addr,
-                rkey,
-                imm,
-                slot,
-            } => {
-                let wr_id = WR_SEND_DONE | slot as u64;
-                let op = Op::WriteImm(imm);
-                let wr = WorkRequest {
-                    wr_id,
-                    op,
-                    local_addr,
-                    len: len32(len)?,
-                    lkey,
-                    remote_addr,
-                    rkey,
-                    signaled: true,
-                };
-                (qp, wr)
-            }
-        })
+        }
     }
 
     fn progress(&self, st: &mut SendState) -> Result<()> {
