@@ -26,19 +26,17 @@ pub(super) struct Tagged<T> {
     pub(super) value: T,
 }
 
-/// A send comm and the tokens of its requests.
+/// A send or receive comm and the tokens of its requests.
 #[derive(Debug)]
-pub(super) struct SendHandle {
-    pub(super) comm: SendComm,
+pub(super) struct CommHandle<C> {
+    pub(super) comm: C,
     tokens: Box<[Token]>,
 }
 
-/// A receive comm and the tokens of its requests.
-#[derive(Debug)]
-pub(super) struct RecvHandle {
-    pub(super) comm: RecvComm,
-    tokens: Box<[Token]>,
-}
+/// What `connect` returns to NCCL.
+pub(super) type SendHandle = CommHandle<SendComm>;
+/// What `accept` returns to NCCL.
+pub(super) type RecvHandle = CommHandle<RecvComm>;
 
 /// What NCCL gets as a request pointer.
 #[repr(C)]
@@ -76,43 +74,34 @@ pub(super) fn listen_into_raw(comm: ListenComm) -> *mut c_void {
     Box::into_raw(boxed(LISTEN_TAG, comm)).cast()
 }
 
-pub(super) fn send_into_raw(comm: SendComm) -> *mut c_void {
+/// Box `comm` under `tag` with `requests` tokens that point back at it.
+fn comm_into_raw<C>(tag: u32, comm: C, requests: usize) -> *mut c_void {
     let mut b = boxed(
-        SEND_TAG,
-        SendHandle {
+        tag,
+        CommHandle {
             comm,
             tokens: Box::new([]),
         },
     );
     let owner: *const c_void = std::ptr::from_ref(&*b).cast();
-    b.value.tokens = tokens(owner, SEND_TAG, SEND_REQUESTS);
+    b.value.tokens = tokens(owner, tag, requests);
     Box::into_raw(b).cast()
 }
 
+pub(super) fn send_into_raw(comm: SendComm) -> *mut c_void {
+    comm_into_raw(SEND_TAG, comm, SEND_REQUESTS)
+}
+
 pub(super) fn recv_into_raw(comm: RecvComm) -> *mut c_void {
-    let mut b = boxed(
-        RECV_TAG,
-        RecvHandle {
-            comm,
-            tokens: Box::new([]),
-        },
-    );
-    let owner: *const c_void = std::ptr::from_ref(&*b).cast();
-    b.value.tokens = tokens(owner, RECV_TAG, RECV_REQUESTS);
-    Box::into_raw(b).cast()
+    comm_into_raw(RECV_TAG, comm, RECV_REQUESTS)
 }
 
 pub(super) fn mr_into_raw(mr: MrHandle) -> *mut c_void {
     Box::into_raw(boxed(MR_TAG, mr)).cast()
 }
 
-impl SendHandle {
-    pub(super) fn request(&self, index: usize) -> *mut c_void {
-        std::ptr::from_ref(&self.tokens[index]).cast_mut().cast()
-    }
-}
-
-impl RecvHandle {
+impl<C> CommHandle<C> {
+    /// The request pointer NCCL gets for request `index` of this comm.
     pub(super) fn request(&self, index: usize) -> *mut c_void {
         std::ptr::from_ref(&self.tokens[index]).cast_mut().cast()
     }
