@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::net::{Handle, Net, hex, pattern, unhex};
+use support::net::{DEADLINE, Handle, Net, hex, pattern, unhex};
 
 const RC_INTERNAL: i32 = 3;
 const RC_SYSTEM: i32 = 2;
@@ -72,24 +72,31 @@ impl Cx {
     /// Connect to rank + 1 and accept from rank - 1 at the same time, as NCCL's non-blocking
     /// connect/accept allow.
     fn connect_and_accept(&mut self) -> (*mut c_void, *mut c_void) {
-        let mut peer = self.peer();
-        let (mut sc, mut rc): (*mut c_void, *mut c_void) =
-            (std::ptr::null_mut(), std::ptr::null_mut());
-        let start = Instant::now();
-        while sc.is_null() || rc.is_null() {
-            if sc.is_null() {
-                sc = self.net.connect_step(self.dev, &mut peer).unwrap();
-            }
-            if rc.is_null() {
-                rc = self.net.accept_step(self.lc).unwrap();
-            }
-            assert!(
-                start.elapsed() < support::net::DEADLINE,
-                "connect/accept did not finish"
-            );
-        }
+        let peer = self.peer();
+        let comms = self.net.connect_and_accept(self.dev, &peer, self.lc);
         self.net.close_listen(self.lc);
-        (sc, rc)
+        comms
+    }
+}
+
+/// Call `step` until it returns an error code and return it. Until then every call must report
+/// that nothing happened (`Ok(true)`: a NULL comm or request, a request not done), else
+/// `nothing_expected` is the assertion message; `limit` bounds the wait.
+fn until_error(
+    limit: Duration,
+    nothing_expected: &str,
+    mut step: impl FnMut() -> Result<bool, i32>,
+) -> i32 {
+    let start = Instant::now();
+    loop {
+        match step() {
+            Ok(nothing) => assert!(nothing, "{nothing_expected}"),
+            Err(rc) => return rc,
+        }
+        assert!(
+            start.elapsed() < limit,
+            "no error within {limit:?}: {nothing_expected}"
+        );
     }
 }
 
@@ -527,12 +534,15 @@ fn connect_to_a_closed_listener_fails_naming_the_peer(cx: &mut Cx) {
     let addr = nccl_net::core::wire::ListenHandle::parse(&handle)
         .unwrap()
         .addr;
-    let err = loop {
-        match cx.net.connect_step(cx.dev, &mut handle) {
-            Ok(c) => assert!(c.is_null(), "connect to a closed listener must not succeed"),
-            Err(rc) => break rc,
-        }
-    };
+    let err = until_error(
+        DEADLINE,
+        "connect to a closed listener must not succeed",
+        || {
+            cx.net
+                .connect_step(cx.dev, &mut handle)
+                .map(|c| c.is_null())
+        },
+    );
     assert_eq!(err, RC_REMOTE, "a peer that is not there is a remote error");
     println!("EXPECT_STDERR cannot connect to peer {addr}");
 }
@@ -547,16 +557,11 @@ fn accept_without_peer_times_out_naming_the_listener(cx: &mut Cx) {
             .addr
     };
     let start = Instant::now();
-    let err = loop {
-        match cx.net.accept_step(cx.lc) {
-            Ok(c) => assert!(c.is_null()),
-            Err(rc) => break rc,
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "accept must give up at its deadline"
-        );
-    };
+    let err = until_error(
+        Duration::from_secs(30),
+        "accept must give up at its deadline",
+        || cx.net.accept_step(cx.lc).map(|c| c.is_null()),
+    );
     assert_eq!(err, RC_REMOTE);
     assert!(
         start.elapsed() >= Duration::from_secs(2),
@@ -647,17 +652,15 @@ fn unknown_tag_is_an_error(cx: &mut Cx) {
         let sc = cx.connect_pair();
         let mut buf = vec![0u8; 64];
         let mh = cx.net.reg_mr(sc, &mut buf);
-        let start = Instant::now();
-        let rc = loop {
-            match cx.net.isend_step(sc, buf.as_mut_ptr(), 64, 2, mh) {
-                Ok(r) => assert!(
-                    r.is_null(),
-                    "a send with a tag no receive expects must not start"
-                ),
-                Err(rc) => break rc,
-            }
-            assert!(start.elapsed() < support::net::DEADLINE);
-        };
+        let rc = until_error(
+            DEADLINE,
+            "a send with a tag no receive expects must not start",
+            || {
+                cx.net
+                    .isend_step(sc, buf.as_mut_ptr(), 64, 2, mh)
+                    .map(|r| r.is_null())
+            },
+        );
         assert_eq!(rc, RC_INTERNAL);
         cx.net.dereg_mr(sc, mh);
         cx.net.close_send(sc);
@@ -671,14 +674,11 @@ fn unknown_tag_is_an_error(cx: &mut Cx) {
 fn gid_mismatch_fails_naming_both_gids(cx: &mut Cx) {
     // Rank 0 uses GID index 0 (link-local IPv6), rank 1 the automatic IPv4 GID.
     if cx.rank == 0 {
-        let start = Instant::now();
-        let err = loop {
-            match cx.net.accept_step(cx.lc) {
-                Ok(c) => assert!(c.is_null(), "an incompatible peer must not be accepted"),
-                Err(rc) => break rc,
-            }
-            assert!(start.elapsed() < support::net::DEADLINE);
-        };
+        let err = until_error(
+            DEADLINE,
+            "an incompatible peer must not be accepted",
+            || cx.net.accept_step(cx.lc).map(|c| c.is_null()),
+        );
         assert_eq!(
             err, RC_INVALID_USAGE,
             "an incompatible GID setup is a configuration error"
@@ -689,14 +689,9 @@ fn gid_mismatch_fails_naming_both_gids(cx: &mut Cx) {
     } else {
         cx.net.close_listen(cx.lc);
         let mut peer = cx.peer();
-        let start = Instant::now();
-        let err = loop {
-            match cx.net.connect_step(cx.dev, &mut peer) {
-                Ok(c) => assert!(c.is_null(), "the peer refuses this connection"),
-                Err(rc) => break rc,
-            }
-            assert!(start.elapsed() < support::net::DEADLINE);
-        };
+        let err = until_error(DEADLINE, "the peer refuses this connection", || {
+            cx.net.connect_step(cx.dev, &mut peer).map(|c| c.is_null())
+        });
         assert_eq!(
             err, RC_REMOTE,
             "the connecting side sees the peer drop the handshake"
@@ -729,17 +724,9 @@ fn peer_gone_gives_an_error_in_plain_words(cx: &mut Cx) {
         cx.net.wait(first);
         let _receiver_gone = cx.peer();
         let second = cx.net.isend(sc, buf.as_mut_ptr(), 4096, 0, mh);
-        let start = Instant::now();
-        let err = loop {
-            match cx.net.test_step(second) {
-                Ok(done) => assert!(done.is_none(), "a send to a destroyed QP cannot complete"),
-                Err(rc) => break rc,
-            }
-            assert!(
-                start.elapsed() < support::net::DEADLINE,
-                "the error completion never came"
-            );
-        };
+        let err = until_error(DEADLINE, "a send to a destroyed QP cannot complete", || {
+            cx.net.test_step(second).map(|done| done.is_none())
+        });
         assert_eq!(err, RC_REMOTE, "a vanished peer is a remote error");
         assert_eq!(
             cx.net.test_step(second),

@@ -50,6 +50,16 @@ impl Net {
             .until_started("connect", deadline(), || self.0.connect_step(dev, &mut h))
             .unwrap()
     }
+    pub fn connect_and_accept(
+        &self,
+        dev: i32,
+        peer: &Handle,
+        lc: *mut c_void,
+    ) -> (*mut c_void, *mut c_void) {
+        self.0
+            .connect_and_accept(dev, peer, lc, deadline())
+            .unwrap()
+    }
     pub fn accept(&self, lc: *mut c_void) -> *mut c_void {
         self.0
             .until_started("accept", deadline(), || self.0.accept_step(lc))
