@@ -202,6 +202,8 @@ impl Row {
 
 struct Endpoint {
     net: Plugin,
+    /// "name (speed Mbps)" of the plugin device in use, for the report header.
+    device: String,
     sc: Ptr,
     rc: Ptr,
     sbuf: Vec<u8>,
@@ -239,6 +241,10 @@ fn device_index(net: &Plugin, dev: &str) -> Result<i32, String> {
 fn setup(o: &Options, ctl: &mut Control) -> Result<Endpoint, String> {
     let net = Plugin::load(&o.plugin)?;
     let dev = device_index(&net, &o.dev)?;
+    let (name, speed) = net
+        .device(dev)
+        .map_err(|rc| format!("getProperties failed: ncclResult {rc}"))?;
+    let device = format!("{name} ({speed} Mbps)");
     let (handle, lc) = net
         .listen(dev)
         .map_err(|rc| format!("listen failed: ncclResult {rc}"))?;
@@ -260,6 +266,7 @@ fn setup(o: &Options, ctl: &mut Control) -> Result<Endpoint, String> {
         .map_err(|rc| format!("regMr failed: {rc}"))?;
     Ok(Endpoint {
         net,
+        device,
         sc,
         rc,
         sbuf,
@@ -398,7 +405,14 @@ impl Endpoint {
     }
 }
 
-fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Vec<Row>, String> {
+/// What rank 0 prints: the plugin, its device, one row per size.
+struct Report {
+    name: String,
+    device: String,
+    rows: Vec<Row>,
+}
+
+fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String> {
     let mut ep = setup(o, &mut ctl)?;
     let mut rows = Vec::new();
     let all = sizes(o);
@@ -452,13 +466,19 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Vec<Row>, Stri
         ep.net.dereg_mr(ep.rc, ep.rmh),
     );
     let _ = (ep.net.close_send(ep.sc), ep.net.close_recv(ep.rc));
-    Ok(rows)
+    Ok(Report {
+        name: ep.net.name(),
+        device: ep.device,
+        rows,
+    })
 }
 
-fn print_table(o: &Options, net_name: &str, device: &str, rows: &[Row]) {
+fn print_table(o: &Options, report: &Report) {
     println!(
-        "# nccl-net-bench: plugin {} ({net_name}), device {device}",
-        o.plugin.display()
+        "# nccl-net-bench: plugin {} ({}), device {}",
+        o.plugin.display(),
+        report.name,
+        report.device
     );
     println!(
         "# {} in flight, buffers registered once, {} bytes per size (iterations below), verify {}",
@@ -474,7 +494,7 @@ fn print_table(o: &Options, net_name: &str, device: &str, rows: &[Row]) {
         "{:>10} {:>7} {:>12} {:>12} {:>12} {:>11} {:>11} {:>8}",
         "", "", "", "", "", "(s/GB)", "(s/GB)", ""
     );
-    for r in rows {
+    for r in &report.rows {
         let v = match r.verified {
             Some(true) => "yes",
             Some(false) => "NO",
@@ -494,9 +514,10 @@ fn print_table(o: &Options, net_name: &str, device: &str, rows: &[Row]) {
     }
 }
 
-fn print_json(o: &Options, net_name: &str, device: &str, rows: &[Row]) {
+fn print_json(o: &Options, report: &Report) {
     let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
-    let results: Vec<String> = rows
+    let results: Vec<String> = report
+        .rows
         .iter()
         .map(|r| {
             format!(
@@ -516,14 +537,14 @@ fn print_json(o: &Options, net_name: &str, device: &str, rows: &[Row]) {
     println!(
         "{{\"plugin\":\"{}\",\"name\":\"{}\",\"device\":\"{}\",\"inflight\":{},\"results\":[{}]}}",
         esc(&o.plugin.display().to_string()),
-        esc(net_name),
-        esc(device),
+        esc(&report.name),
+        esc(&report.device),
         o.inflight,
         results.join(",")
     );
 }
 
-fn spawn_client(o: &Options, port: u16) -> Result<Child, String> {
+fn spawn_client(port: u16) -> Result<Child, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     args.extend([
@@ -532,7 +553,6 @@ fn spawn_client(o: &Options, port: u16) -> Result<Child, String> {
         "--rendezvous".into(),
         format!("127.0.0.1:{port}"),
     ]);
-    let _ = o;
     Command::new(exe)
         .args(args)
         .spawn()
@@ -549,7 +569,7 @@ fn run(o: &Options) -> Result<(), String> {
         .map_err(|e| format!("rendezvous bind {}: {e}", o.rendezvous))?;
     let port = listener.local_addr().map_err(|e| e.to_string())?.port();
     let mut child = if o.role == "both" {
-        Some(spawn_client(o, port)?)
+        Some(spawn_client(port)?)
     } else {
         None
     };
@@ -564,18 +584,13 @@ fn run(o: &Options) -> Result<(), String> {
             return Err(format!("the receiving process failed ({status})"));
         }
     }
-    let rows = outcome?;
-    let net = Plugin::load(&o.plugin)?;
-    let (name, speed) = net
-        .device(device_index(&net, &o.dev)?)
-        .map_err(|rc| format!("getProperties: {rc}"))?;
-    let device = format!("{name} ({speed} Mbps)");
+    let report = outcome?;
     if o.json {
-        print_json(o, &net.name(), &device, &rows)
+        print_json(o, &report)
     } else {
-        print_table(o, &net.name(), &device, &rows)
+        print_table(o, &report)
     }
-    if rows.iter().any(|r| r.verified == Some(false)) {
+    if report.rows.iter().any(|r| r.verified == Some(false)) {
         return Err("data verification failed".into());
     }
     Ok(())
