@@ -219,10 +219,11 @@ impl ListenComm {
     }
 }
 
+/// A value no other listener is likely to hold: std's `RandomState` is seeded randomly per
+/// process and gives every instance different keys.
 fn random_nonce() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
     h.write_u32(std::process::id());
     h.finish()
 }
