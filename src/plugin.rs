@@ -7,9 +7,12 @@ use std::sync::Arc;
 use once_cell::sync::OnceCell;
 
 use crate::core::config::Config;
+use crate::core::config::MAX_FUSED_MEMBERS;
 use crate::core::error::{Error, Result};
 use crate::log::{self, INIT_TARGET};
-use crate::topology::{HcaFilter, NetDevice, Selection, SysfsRoot, select_devices};
+use crate::topology::{
+    FusionPolicy, HcaFilter, Selection, SysfsRoot, VirtualDevice, fuse, select_devices,
+};
 use crate::transport::DeviceContext;
 use crate::verbs::{self, Discovery};
 
@@ -34,8 +37,8 @@ pub struct MemorySupport {
 /// as NCCL requires).
 #[derive(Debug)]
 pub struct Device {
-    /// What topology chose.
-    pub net: NetDevice,
+    /// What topology chose: one port, or the fused member ports.
+    pub virt: VirtualDevice,
     /// `name` as a C string.
     pub c_name: CString,
     /// `pciPath` as a C string; `None` reports NULL.
@@ -113,13 +116,27 @@ impl Plugin {
     pub fn context(&self, index: i32) -> Result<&Arc<DeviceContext>> {
         let device = self.device(index)?;
         device.context.get_or_try_init(|| {
-            DeviceContext::open(&device.net, &self.config, &SysfsRoot::default())
+            DeviceContext::open(&device.virt, &self.config, &SysfsRoot::default())
         })
     }
 
     fn discover(config: Config, sysfs: &SysfsRoot) -> Self {
         let devices = match Self::select(&config, sysfs) {
-            Ok(selection) => selection.devices.into_iter().map(Device::new).collect(),
+            Ok(selection) => {
+                let fusion = fuse(
+                    selection.devices,
+                    &FusionPolicy {
+                        merge_nics: config.merge_nics,
+                        merge_vfs: config.merge_vfs,
+                        explicit: config.fuse.clone(),
+                        max_members: MAX_FUSED_MEMBERS,
+                    },
+                );
+                for decision in &fusion.decisions {
+                    tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: fusion: {decision}");
+                }
+                fusion.devices.into_iter().map(Device::new).collect()
+            }
             Err(why) => {
                 tracing::warn!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: 0 devices: {why}");
                 Vec::new()
@@ -161,10 +178,17 @@ impl Plugin {
             .iter()
             .enumerate()
             .map(|(i, d)| {
-                let n = &d.net;
+                let ports: Vec<String> = d
+                    .virt
+                    .members
+                    .iter()
+                    .map(|n| format!("{}:{}", n.device, n.port))
+                    .collect();
                 format!(
-                    "[{i}]{}:{}/{} {}Mbps",
-                    n.device, n.port, n.link_layer, n.speed_mbps
+                    "[{i}]{}/{} {}Mbps",
+                    ports.join("+"),
+                    d.virt.first().link_layer,
+                    d.virt.speed_mbps()
                 )
             })
             .collect();
@@ -179,12 +203,11 @@ impl Plugin {
 }
 
 impl Device {
-    fn new(net: NetDevice) -> Self {
+    fn new(virt: VirtualDevice) -> Self {
         // Device names and sysfs paths never contain NUL; a name that did would be unusable anyway.
-        let c_name = CString::new(net.name.clone()).unwrap_or_default();
-        let c_pci_path = net
-            .pci_path
-            .as_ref()
+        let c_name = CString::new(virt.name()).unwrap_or_default();
+        let c_pci_path = virt
+            .pci_path()
             .and_then(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok());
         let memory = MemorySupport {
             host: true,
@@ -192,7 +215,7 @@ impl Device {
             dmabuf: false,
         };
         Self {
-            net,
+            virt,
             c_name,
             c_pci_path,
             memory,

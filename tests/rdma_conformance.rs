@@ -445,6 +445,58 @@ fn exchange(cx: &mut Cx, sc: *mut c_void, rc: *mut c_void, len: usize) {
     cx.net.close_recv(rc);
 }
 
+/// Packets a device's port sent and received so far (rxe's hardware counters).
+fn port_packets(dev: &str) -> (u64, u64) {
+    let read = |counter: &str| -> u64 {
+        let path = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/{counter}");
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    (read("sent_pkts"), read("rcvd_pkts"))
+}
+
+/// Rank 0 sends every size to rank 1, then rank 1 sends them back, each verified byte for byte;
+/// afterwards every device in `members` must have sent and received at least `min_packets`
+/// more packets than before (so every member of a fused device carried traffic).
+fn both_ways_over(cx: &mut Cx, expected_device: &str, members: &[&str], min_packets: u64) {
+    assert_eq!(cx.net.device_name(cx.dev), expected_device);
+    let before: Vec<(u64, u64)> = members.iter().map(|m| port_packets(m)).collect();
+    let (sc, rc) = cx.connect_and_accept();
+    let msgs = sized_messages();
+    if cx.rank == 0 {
+        send_each(&cx.net, sc, &msgs, 3);
+        recv_each(&cx.net, rc, &msgs, 3);
+    } else {
+        recv_each(&cx.net, rc, &msgs, 3);
+        send_each(&cx.net, sc, &msgs, 3);
+    }
+    cx.net.close_send(sc);
+    cx.net.close_recv(rc);
+    if cx.rank == 0 {
+        for (member, (sent0, rcvd0)) in members.iter().zip(before) {
+            let (sent, rcvd) = port_packets(member);
+            let (sent, rcvd) = (sent - sent0, rcvd - rcvd0);
+            println!("NOTE {member}: {sent} packets sent, {rcvd} received");
+            assert!(
+                sent >= min_packets && rcvd >= min_packets,
+                "{member} carried too little of the fused traffic: {sent} sent, {rcvd} received"
+            );
+        }
+    }
+}
+
+fn fused_both_ways(cx: &mut Cx) {
+    both_ways_over(cx, "rxe0+rxe1", &["rxe0", "rxe1"], 1000);
+}
+
+fn fused_against_unfused(cx: &mut Cx) {
+    let expected = if cx.rank == 0 { "rxe1+rxe2" } else { "rxe1" };
+    both_ways_over(cx, expected, &["rxe1", "rxe2"], 1000);
+}
+
 /// Open fds, and this process's PDs, CQs, QPs and MRs as `rdma resource` lists them.
 fn resource_counts() -> Vec<(String, usize)> {
     let pid = format!("pid {} ", std::process::id());
@@ -759,6 +811,13 @@ const ROTATE3: &[(&str, &str)] = &[
     ("NCCL_IB_SPLIT_DATA_ON_QPS", "0"),
 ];
 
+const FUSE01: &[(&str, &str)] = &[("NCCL_NET_RS_FUSE", "rxe0+rxe1")];
+const FUSE01_SPLIT4: &[(&str, &str)] = &[
+    ("NCCL_NET_RS_FUSE", "rxe0+rxe1"),
+    ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+    ("NCCL_IB_SPLIT_DATA_ON_QPS", "1"),
+];
+
 const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "transfer_sizes_0b_to_16mib_verified",
@@ -766,8 +825,8 @@ const SCENARIOS: &[Scenario] = &[
         run: transfer_sizes,
         env: &[],
     },
-    // rxe1 to rxe1, not rxe1 to rxe0: in the VM every packet to a local address enters on `lo`,
-    // so rxe0 would swallow the acknowledgements meant for rxe1.
+    // rxe1 to rxe1 (rxe's own loopback); rxe0 cannot reach rxe1 (packets to local addresses
+    // enter on `lo`, where rxe0 takes them), only the veth pair rxe1/rxe2 crosses devices.
     Scenario {
         name: "transfer_on_rxe1",
         ranks: 2,
@@ -881,6 +940,35 @@ const SCENARIOS: &[Scenario] = &[
         ranks: 2,
         run: peer_gone_gives_an_error_in_plain_words,
         env: &[&[("NCCL_IB_TIMEOUT", "8"), ("NCCL_IB_RETRY_CNT", "1")]],
+    },
+    // Fusion: rxe0+rxe1 against rxe0+rxe1 pairs rxe0 with rxe0 and rxe1 with rxe1; a fused
+    // rxe1+rxe2 against a lone rxe1 crosses the veth pair (rxe2 to rxe1).
+    Scenario {
+        name: "fused_rxe0_rxe1_both_directions_use_both_ports",
+        ranks: 2,
+        run: fused_both_ways,
+        env: &[FUSE01],
+    },
+    Scenario {
+        name: "fused_side_against_unfused_peer",
+        ranks: 2,
+        run: fused_against_unfused,
+        env: &[
+            &[("NCCL_NET_RS_FUSE", "rxe1+rxe2"), ("RSIB_TEST_DEV", "1")],
+            &[("RSIB_TEST_DEV", "1")],
+        ],
+    },
+    Scenario {
+        name: "fused_grouped_receive_over_split_qps",
+        ranks: 2,
+        run: grouped_receive_of_8_matches_tags,
+        env: &[FUSE01_SPLIT4],
+    },
+    Scenario {
+        name: "fused_flush_reads_through_every_member",
+        ranks: 2,
+        run: flush_after_receive,
+        env: &[FUSE01],
     },
     Scenario {
         name: "thousand_connect_transfer_close_cycles",
@@ -1024,12 +1112,12 @@ fn main() {
         child(&args[i + 1], arg("--rank"), arg("--ranks"));
         return;
     }
-    for dev in ["rxe0", "rxe1"] {
+    for dev in ["rxe0", "rxe1", "rxe2"] {
         assert!(
             std::path::Path::new("/sys/class/infiniband")
                 .join(dev)
                 .exists(),
-            "RDMA device {dev} is missing: run this suite through scripts/rdma-vm.sh, which creates rxe0 and rxe1"
+            "RDMA device {dev} is missing: run this suite through scripts/rdma-vm.sh, which creates rxe0, rxe1 and rxe2"
         );
     }
     let filter = args

@@ -1,6 +1,6 @@
 //! Device discovery on real Soft-RoCE devices, through the built plugin loaded by a C host the
 //! way NCCL loads it. Runs inside the VM (`scripts/rdma-vm.sh`), where rxe0 sits on `lo` and rxe1
-//! on a dummy netdev; it fails, never skips, when those devices are missing.
+//! and rxe2 on the two ends of a veth pair; it fails, never skips, when those devices are missing.
 #![allow(clippy::unwrap_used)] // test helpers panic with context
 
 mod support;
@@ -14,11 +14,11 @@ const NCCL_LOG_WARN: i64 = 2;
 const NCCL_LOG_INFO: i64 = 3;
 
 fn require_rxe_devices() {
-    for dev in ["rxe0", "rxe1"] {
+    for dev in ["rxe0", "rxe1", "rxe2"] {
         assert!(
             Path::new("/sys/class/infiniband").join(dev).exists(),
             "RDMA device {dev} is missing: run this suite through scripts/rdma-vm.sh, which loads \
-             rdma_rxe and creates rxe0 on lo and rxe1 on dummy0"
+             rdma_rxe and creates rxe0 on lo, rxe1 and rxe2 on veth0 and veth1"
         );
     }
 }
@@ -70,17 +70,17 @@ fn zero_device_warning(env: &[(&str, &str)]) -> String {
 }
 
 #[test]
-fn devices_finds_rxe0_and_rxe1_with_plausible_properties() {
+fn devices_finds_every_rxe_device_with_plausible_properties() {
     require_rxe_devices();
     let run = run_host(&[("NCCL_DEBUG", "INFO")], &["--misuse"]);
     assert_eq!(run.rc("init"), 0);
     assert_eq!(
         run.rc("getProperties(out-of-range)"),
         3,
-        "index 2 of 2 devices: ncclInternalError"
+        "index 3 of 3 devices: ncclInternalError"
     );
     let devices = run.devices();
-    assert_eq!(run.device_names(), ["rxe0", "rxe1"]);
+    assert_eq!(run.device_names(), ["rxe0", "rxe1", "rxe2"]);
     for d in &devices {
         let name = d.get("name");
         assert_eq!(d.int("rc"), 0);
@@ -124,13 +124,13 @@ fn hca_exact_entry_keeps_only_rxe1() {
 
 #[test]
 fn hca_exclusion_drops_rxe0() {
-    assert_eq!(names(&[("NCCL_IB_HCA", "^rxe0")]), ["rxe1"]);
-    assert_eq!(names(&[("NCCL_IB_HCA", "^=rxe0")]), ["rxe1"]);
+    assert_eq!(names(&[("NCCL_IB_HCA", "^rxe0")]), ["rxe1", "rxe2"]);
+    assert_eq!(names(&[("NCCL_IB_HCA", "^=rxe0")]), ["rxe1", "rxe2"]);
 }
 
 #[test]
-fn hca_prefix_matches_both_and_exact_prefix_matches_none() {
-    assert_eq!(names(&[("NCCL_IB_HCA", "rxe")]), ["rxe0", "rxe1"]);
+fn hca_prefix_matches_all_and_exact_prefix_matches_none() {
+    assert_eq!(names(&[("NCCL_IB_HCA", "rxe")]), ["rxe0", "rxe1", "rxe2"]);
     assert_eq!(names(&[("NCCL_IB_HCA", "rxe1,rxe0")]), ["rxe0", "rxe1"]);
     let msg = zero_device_warning(&[("NCCL_IB_HCA", "=rxe")]);
     assert!(msg.contains("NCCL_IB_HCA='=rxe'"), "{msg}");
@@ -166,5 +166,73 @@ fn hca_malformed_value_gives_zero_devices_and_says_what_is_wrong() {
     assert!(
         msg.contains("NCCL_IB_HCA='rxe0:x' is not valid: port 'x'"),
         "{msg}"
+    );
+}
+
+#[test]
+fn fuse_list_makes_one_device_with_summed_speed_and_a_reason_line() {
+    require_rxe_devices();
+    let run = run_host(
+        &[("NCCL_DEBUG", "INFO"), ("NCCL_NET_RS_FUSE", "rxe0+rxe1")],
+        &[],
+    );
+    assert_eq!(run.device_names(), ["rxe0+rxe1", "rxe2"]);
+    let fused = &run.devices()[0];
+    assert_eq!(
+        fused.int("speed"),
+        sysfs_rate_mbps("rxe0") + sysfs_rate_mbps("rxe1"),
+        "a fused device's speed is the sum of its members'"
+    );
+    assert_eq!(fused.int("guid"), sysfs_guid("rxe0"), "first member's GUID");
+    assert_eq!(fused.get("pciPath"), "(null)");
+    let lines: Vec<String> = run
+        .logs()
+        .into_iter()
+        .map(|l| l.get("msg").to_owned())
+        .filter(|m| m.contains("fusion: "))
+        .collect();
+    assert!(
+        lines.iter().any(|m| m.contains("fusion: fused rxe0+rxe1 (")
+            && m.ends_with("listed in NCCL_NET_RS_FUSE")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|m| m.contains("fusion: rxe2 not fused: no PCI parent")),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn fusion_off_gives_separate_devices_and_says_why() {
+    require_rxe_devices();
+    let run = run_host(
+        &[
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_NET_RS_FUSE", "rxe0+rxe1"),
+            ("NCCL_IB_MERGE_NICS", "0"),
+        ],
+        &[],
+    );
+    assert_eq!(run.device_names(), ["rxe0", "rxe1", "rxe2"]);
+    assert!(
+        run.logs().iter().any(|l| l
+            .get("msg")
+            .contains("fusion rxe0+rxe1 refused: NCCL_IB_MERGE_NICS=0 turns fusion off")),
+        "{}",
+        run.stdout
+    );
+    let typo = run_host(
+        &[("NCCL_DEBUG", "INFO"), ("NCCL_NET_RS_FUSE", "rxe0+rxe9")],
+        &[],
+    );
+    assert_eq!(typo.device_names(), ["rxe0", "rxe1", "rxe2"]);
+    assert!(
+        typo.logs().iter().any(|l| l.get("msg").contains(
+            "fusion rxe0+rxe9 refused: rxe9 is not an active port selected by NCCL_IB_HCA"
+        )),
+        "{}",
+        typo.stdout
     );
 }

@@ -95,13 +95,13 @@ pub(super) unsafe extern "C" fn net_get_properties(
                 .c_pci_path
                 .as_ref()
                 .map_or(ptr::null_mut(), |p| p.as_ptr().cast_mut()),
-            guid: device.net.guid,
+            guid: device.virt.first().guid,
             ptrSupport: ptr_support_bits(device.memory),
             regIsGlobal: 0,
-            speed: clamp_to_c_int(device.net.speed_mbps),
-            port: clamp_to_c_int(device.net.port),
+            speed: clamp_to_c_int(device.virt.speed_mbps()),
+            port: clamp_to_c_int(device.virt.first().port),
             latency: 0.0,
-            maxComms: clamp_to_c_int(device.net.max_comms),
+            maxComms: clamp_to_c_int(device.virt.max_comms()),
             maxRecvs: clamp_to_c_int(MAX_GROUPED_RECVS),
             netDeviceType: NCCL_NET_DEVICE_HOST,
             netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION,

@@ -73,6 +73,31 @@ pub const KNOBS: &[Knob] = &[
         meaning: "1 = split every message over all QPs",
     },
     Knob {
+        name: "NCCL_IB_MERGE_NICS",
+        default: "1",
+        meaning: "0 = never fuse ports or NICs into one device",
+    },
+    Knob {
+        name: "NCCL_IB_MERGE_VFS",
+        default: "0",
+        meaning: "1 = fuse the SR-IOV VFs of one PF",
+    },
+    Knob {
+        name: "NCCL_NET_RS_FUSE",
+        default: "unset",
+        meaning: "explicit fusions, e.g. `rxe0+rxe1` or `mlx5_0+mlx5_3,mlx5_1+mlx5_2`",
+    },
+    Knob {
+        name: "NCCL_IB_PCI_RELAXED_ORDERING",
+        default: "2",
+        meaning: "0 off, 1 on, 2 auto (on for VFs and under a hypervisor)",
+    },
+    Knob {
+        name: "NCCL_DMABUF_ENABLE",
+        default: "1",
+        meaning: "0 = do not probe or advertise DMA-BUF",
+    },
+    Knob {
         name: "NCCL_GDR_FLUSH_DISABLE",
         default: "0",
         meaning: "1 = no flush QP, iflush does nothing",
@@ -101,6 +126,20 @@ pub const KNOBS: &[Knob] = &[
 
 /// Most QPs one connection may use.
 pub const MAX_QPS_PER_CONNECTION: u32 = 16;
+
+/// Most ports one fused device may have (NCCL's limit for ncclNet v8).
+pub const MAX_FUSED_MEMBERS: usize = 4;
+
+/// `NCCL_IB_PCI_RELAXED_ORDERING`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum RelaxedOrdering {
+    /// 0: never.
+    Off,
+    /// 1: whenever the verbs library can register with it.
+    On,
+    /// 2: for SR-IOV VFs and under a hypervisor, where it matters.
+    Auto,
+}
 
 /// Preferred address family of the RoCE GID.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -142,6 +181,16 @@ pub struct Config {
     pub socket_ifname: Option<String>,
     /// Deadline for connect/accept.
     pub connect_timeout: Duration,
+    /// Fuse ports and functions of one NIC (`NCCL_IB_MERGE_NICS`).
+    pub merge_nics: bool,
+    /// Fuse the VFs of one PF (`NCCL_IB_MERGE_VFS`).
+    pub merge_vfs: bool,
+    /// Explicit fusions: groups of device names (`NCCL_NET_RS_FUSE`).
+    pub fuse: Vec<Vec<String>>,
+    /// Relaxed-ordering policy.
+    pub relaxed_ordering: RelaxedOrdering,
+    /// Probe and advertise DMA-BUF.
+    pub dmabuf_enabled: bool,
 }
 
 impl Default for Config {
@@ -161,6 +210,11 @@ impl Default for Config {
             flush_enabled: true,
             socket_ifname: None,
             connect_timeout: Duration::from_secs(120),
+            merge_nics: true,
+            merge_vfs: false,
+            fuse: Vec::new(),
+            relaxed_ordering: RelaxedOrdering::Auto,
+            dmabuf_enabled: true,
         }
     }
 }
@@ -178,6 +232,29 @@ fn number(name: &str, value: &str, min: i64, max: i64) -> Result<i64> {
 fn optional(name: &str, value: &str, max: i64) -> Result<Option<i64>> {
     let v = number(name, value, -1, max)?;
     Ok((v >= 0).then_some(v))
+}
+
+/// `a+b,c+d` (`;` also separates groups): every group names at least two distinct devices.
+fn fuse_groups(value: &str) -> Result<Vec<Vec<String>>> {
+    value
+        .split([',', ';'])
+        .map(str::trim)
+        .filter(|g| !g.is_empty())
+        .map(|group| {
+            let names: Vec<String> = group.split('+').map(|n| n.trim().to_owned()).collect();
+            let distinct = names
+                .iter()
+                .enumerate()
+                .all(|(i, n)| !names[..i].contains(n));
+            if names.len() < 2 || names.len() > MAX_FUSED_MEMBERS || !distinct || names.iter().any(String::is_empty) {
+                return Err(Error::config(format!(
+                    "NCCL_NET_RS_FUSE='{value}' is not valid: '{group}' must name 2..={MAX_FUSED_MEMBERS} \
+                     distinct devices joined by '+', e.g. rxe0+rxe1"
+                )));
+            }
+            Ok(names)
+        })
+        .collect()
 }
 
 fn narrow<T: TryFrom<i64>>(v: i64) -> T {
@@ -234,6 +311,17 @@ impl Config {
                     c.split_data_on_qps = number(name, value, 0, 1)? == 1
                 }
                 "NCCL_GDR_FLUSH_DISABLE" => c.flush_enabled = number(name, value, 0, 1)? == 0,
+                "NCCL_IB_MERGE_NICS" => c.merge_nics = number(name, value, 0, 1)? == 1,
+                "NCCL_IB_MERGE_VFS" => c.merge_vfs = number(name, value, 0, 1)? == 1,
+                "NCCL_NET_RS_FUSE" => c.fuse = fuse_groups(value)?,
+                "NCCL_IB_PCI_RELAXED_ORDERING" => {
+                    c.relaxed_ordering = match number(name, value, 0, 2)? {
+                        0 => RelaxedOrdering::Off,
+                        1 => RelaxedOrdering::On,
+                        _ => RelaxedOrdering::Auto,
+                    }
+                }
+                "NCCL_DMABUF_ENABLE" => c.dmabuf_enabled = number(name, value, 0, 1)? == 1,
                 "NCCL_SOCKET_IFNAME" => c.socket_ifname = Some(value.to_owned()),
                 "NCCL_NET_RS_CONNECT_TIMEOUT" => {
                     c.connect_timeout =
@@ -341,6 +429,24 @@ mod tests {
     }
 
     #[test]
+    fn fusion_and_gdr_knobs_parse() {
+        let c = parse(&[
+            ("NCCL_IB_MERGE_NICS", "0"),
+            ("NCCL_IB_MERGE_VFS", "1"),
+            ("NCCL_NET_RS_FUSE", " rxe0+rxe1 ; mlx5_0 + mlx5_3,"),
+            ("NCCL_IB_PCI_RELAXED_ORDERING", "0"),
+            ("NCCL_DMABUF_ENABLE", "0"),
+        ])
+        .unwrap();
+        assert!(!c.merge_nics && c.merge_vfs && !c.dmabuf_enabled);
+        assert_eq!(c.fuse, [vec!["rxe0", "rxe1"], vec!["mlx5_0", "mlx5_3"]]);
+        assert_eq!(c.relaxed_ordering, RelaxedOrdering::Off);
+        let d = parse(&[]).unwrap();
+        assert!(d.merge_nics && !d.merge_vfs && d.dmabuf_enabled && d.fuse.is_empty());
+        assert_eq!(d.relaxed_ordering, RelaxedOrdering::Auto);
+    }
+
+    #[test]
     fn bad_values_name_the_variable() {
         for (name, value) in [
             ("NCCL_IB_TIMEOUT", "forty"),
@@ -348,6 +454,12 @@ mod tests {
             ("NCCL_IB_QPS_PER_CONNECTION", "99"),
             ("NCCL_IB_ADDR_FAMILY", "inet"),
             ("NCCL_IB_GID_INDEX", "-2"),
+            ("NCCL_IB_MERGE_NICS", "yes"),
+            ("NCCL_IB_PCI_RELAXED_ORDERING", "3"),
+            ("NCCL_NET_RS_FUSE", "rxe0"),
+            ("NCCL_NET_RS_FUSE", "rxe0+rxe0"),
+            ("NCCL_NET_RS_FUSE", "a+b+c+d+e"),
+            ("NCCL_NET_RS_FUSE", "rxe0+"),
         ] {
             let e = parse(&[(name, value)]).unwrap_err();
             assert!(

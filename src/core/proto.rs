@@ -11,13 +11,14 @@
 //! receiver's sizes ring ([`Post::Sizes`]).
 //!
 //! Message `seq` lives in slot `seq % SLOTS` on both sides and uses the QPs
-//! [`Layout::qps_for`]`(seq)`; completions on one QP arrive in posting order, so each side keeps,
+//! [`Layout::qps_for`]`(seq, capacity)`, where both sides know the capacity from the CTS; completions on one QP arrive in posting order, so each side keeps,
 //! per QP, the queue of messages whose completion it expects next.
 //!
 //! Nothing here touches memory, verbs or the clock: addresses and keys are plain numbers.
 
 use std::collections::VecDeque;
 
+use super::config::MAX_FUSED_MEMBERS;
 use super::error::{Error, Kind, Result};
 use super::wire::{Cts, MAX_RECVS};
 
@@ -27,24 +28,64 @@ pub const SLOTS: usize = 32;
 /// Payload split granularity: LL/LL128 lines must never be split across QPs.
 const CHUNK_ALIGN: u64 = 128;
 
-/// How a connection spreads messages over its QPs.
+/// Receives of at least this many bytes are striped over every member of a fused connection
+/// (one QP per member); smaller ones go whole over one QP, rotating by message.
+pub const STRIPE_MIN_BYTES: u64 = 64 * 1024;
+
+/// How a connection spreads messages over its QPs. QP `i` lives on local member
+/// `i % local_members` and is connected to the peer's member `i % remote_members`, so `rails()`
+/// consecutive QPs cover every member on both sides.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
-    /// QPs in the connection.
+    /// QPs in the connection: `rails() * NCCL_IB_QPS_PER_CONNECTION`.
     pub nqps: usize,
     /// Split every message over all QPs (`NCCL_IB_SPLIT_DATA_ON_QPS=1`) instead of rotating.
     pub split: bool,
+    /// Ports of this side's (fused) device.
+    pub local_members: usize,
+    /// Ports of the peer's device.
+    pub remote_members: usize,
 }
 
 impl Layout {
-    /// The QPs message `seq` uses, in order.
-    pub fn qps_for(&self, seq: u64) -> std::ops::Range<usize> {
-        if self.split || self.nqps == 1 {
-            0..self.nqps
-        } else {
-            let q = usize::try_from(seq % self.nqps as u64).unwrap_or(0);
-            q..q + 1
+    /// A connection between two single-port devices.
+    pub fn single(nqps: usize, split: bool) -> Self {
+        Self {
+            nqps,
+            split,
+            local_members: 1,
+            remote_members: 1,
         }
+    }
+
+    /// Members of the larger side: QPs come in groups of this many.
+    pub fn rails(&self) -> usize {
+        self.local_members.max(self.remote_members)
+    }
+
+    /// The local member QP `qp` lives on.
+    pub fn local_member(&self, qp: usize) -> usize {
+        qp % self.local_members
+    }
+
+    /// The peer's member QP `qp` is connected to.
+    pub fn remote_member(&self, qp: usize) -> usize {
+        qp % self.remote_members
+    }
+
+    /// The QPs message `seq`, whose receive buffers hold `capacity` bytes, uses, in order.
+    pub fn qps_for(&self, seq: u64, capacity: u64) -> std::ops::Range<usize> {
+        if self.split || self.nqps == 1 {
+            return 0..self.nqps;
+        }
+        let rails = self.rails();
+        if rails > 1 && capacity >= STRIPE_MIN_BYTES {
+            let groups = (self.nqps / rails).max(1) as u64;
+            let g = usize::try_from(seq % groups).unwrap_or(0) * rails;
+            return g..g + rails;
+        }
+        let q = usize::try_from(seq % self.nqps as u64).unwrap_or(0);
+        q..q + 1
     }
 
     /// The part `(offset, len)` of a `size`-byte payload carried by the `pos`-th of `used` QPs.
@@ -69,8 +110,8 @@ pub struct RecvBuf {
     pub addr: u64,
     /// Capacity in bytes.
     pub size: u64,
-    /// Remote key of its registration.
-    pub rkey: u32,
+    /// Remote keys of its registration, one per local member.
+    pub rkeys: [u32; MAX_FUSED_MEMBERS],
     /// Expected tag.
     pub tag: i32,
 }
@@ -80,8 +121,8 @@ pub struct RecvBuf {
 pub struct CtsPost {
     /// Ring slot (entries go to `slot * MAX_RECVS` onwards).
     pub slot: usize,
-    /// QP to post the write on.
-    pub qp: usize,
+    /// The QPs the message uses: post one receive on each, and the CTS write on the first.
+    pub qps: std::ops::Range<usize>,
     /// The entries, one per buffer.
     pub entries: Vec<Cts>,
 }
@@ -146,7 +187,8 @@ impl RecvSide {
         if self.slots[slot].is_some() {
             return Ok(None);
         }
-        let qps = self.layout.qps_for(seq);
+        let capacity = bufs.iter().fold(0u64, |sum, b| sum.saturating_add(b.size));
+        let qps = self.layout.qps_for(seq, capacity);
         for q in qps.clone() {
             self.expected[q].push_back(seq);
         }
@@ -162,20 +204,13 @@ impl RecvSide {
             .map(|b| Cts {
                 addr: b.addr,
                 size: b.size,
-                rkey: b.rkey,
+                rkeys: b.rkeys,
                 tag: b.tag,
                 nreqs,
                 seq_plus_one: seq + 1,
             })
             .collect();
-        Ok(Some((
-            seq,
-            CtsPost {
-                slot,
-                qp: qps.start,
-                entries,
-            },
-        )))
+        Ok(Some((seq, CtsPost { slot, qps, entries })))
     }
 
     /// Account for a write-with-immediate that completed on QP `qp`.
@@ -233,8 +268,8 @@ pub struct SendBuf {
     pub addr: u64,
     /// Bytes to send.
     pub size: u64,
-    /// Local key of its registration.
-    pub lkey: u32,
+    /// Local keys of its registration, one per local member.
+    pub lkeys: [u32; MAX_FUSED_MEMBERS],
     /// Tag (the sender's rank).
     pub tag: i32,
 }
@@ -257,16 +292,24 @@ pub struct RdmaWrite {
 }
 
 impl RdmaWrite {
-    /// The part of `buf` the `pos`-th of `used` QPs carries into the buffer `cts` advertised.
-    fn chunk(qp: usize, cts: &Cts, buf: &SendBuf, pos: usize, used: usize) -> Self {
+    /// The part of `buf` the `pos`-th of `used` QPs carries into the buffer `cts` advertised,
+    /// with the keys of the members QP `qp` connects.
+    fn chunk(
+        layout: &Layout,
+        qp: usize,
+        cts: &Cts,
+        buf: &SendBuf,
+        pos: usize,
+        used: usize,
+    ) -> Self {
         let (off, len) = Layout::chunk(buf.size, pos, used);
         Self {
             qp,
             local_addr: buf.addr + off,
-            lkey: buf.lkey,
+            lkey: buf.lkeys[layout.local_member(qp)],
             len,
             remote_addr: cts.addr + off,
-            rkey: cts.rkey,
+            rkey: cts.rkeys[layout.remote_member(qp)],
         }
     }
 }
@@ -345,6 +388,11 @@ impl SendSide {
             next_seq: 0,
             slots: vec![None; SLOTS],
         }
+    }
+
+    /// The connection's layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// `Some((seq, slot))` when the next message's CTS has not been captured yet and its slot is
@@ -429,7 +477,11 @@ impl SendSide {
         let Some(slot) = self.slots[slot_index].as_mut() else {
             return Vec::new();
         };
-        let qps = layout.qps_for(slot.seq);
+        let capacity = slot
+            .cts
+            .iter()
+            .fold(0u64, |sum, c| sum.saturating_add(c.size));
+        let qps = layout.qps_for(slot.seq, capacity);
         let used = qps.len();
         let n = slot.cts.len();
         let bufs: Vec<SendBuf> = slot.matched.iter().flatten().copied().collect();
@@ -437,7 +489,7 @@ impl SendSide {
         for (pos, qp) in qps.enumerate() {
             if n == 1 {
                 // The payload write itself carries the immediate: the bytes this QP delivered.
-                let write = RdmaWrite::chunk(qp, &slot.cts[0], &bufs[0], pos, used);
+                let write = RdmaWrite::chunk(&layout, qp, &slot.cts[0], &bufs[0], pos, used);
                 let imm = u32::try_from(write.len).unwrap_or(u32::MAX);
                 posts.push(Post::WriteImm {
                     write,
@@ -449,7 +501,7 @@ impl SendSide {
             let mut sizes = [0u32; MAX_RECVS];
             for (i, (cts, buf)) in slot.cts.iter().zip(&bufs).enumerate() {
                 sizes[i] = u32::try_from(buf.size).unwrap_or(u32::MAX);
-                let write = RdmaWrite::chunk(qp, cts, buf, pos, used);
+                let write = RdmaWrite::chunk(&layout, qp, cts, buf, pos, used);
                 if write.len > 0 {
                     posts.push(Post::Write(write));
                 }
@@ -462,7 +514,7 @@ impl SendSide {
             // A zero-length write-with-immediate closes the group on this QP.
             let write = RdmaWrite {
                 len: 0,
-                ..RdmaWrite::chunk(qp, &slot.cts[0], &bufs[0], 0, 1)
+                ..RdmaWrite::chunk(&layout, qp, &slot.cts[0], &bufs[0], 0, 1)
             };
             posts.push(Post::WriteImm {
                 write,

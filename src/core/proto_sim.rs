@@ -28,21 +28,47 @@ struct Pair {
     recv_mem: Vec<u8>,
     wire: Vec<VecDeque<Post>>,
     rng: Rng,
+    /// Writes seen per QP, to check striping.
+    writes_per_qp: Vec<usize>,
+}
+
+/// Keys of member `m`: the simulation checks every write uses the pair its QP connects.
+const fn lkey_of(m: usize) -> u32 {
+    3 + 10 * m as u32
+}
+const fn rkey_of(m: usize) -> u32 {
+    7 + 10 * m as u32
 }
 
 impl Pair {
     fn new(nqps: usize, split: bool) -> Self {
-        let layout = Layout { nqps, split };
+        Self::fused(nqps, split, 1, 1)
+    }
+
+    /// A sender with `send_members` ports against a receiver with `recv_members`.
+    fn fused(nqps: usize, split: bool, send_members: usize, recv_members: usize) -> Self {
+        let layout = Layout {
+            nqps,
+            split,
+            local_members: send_members,
+            remote_members: recv_members,
+        };
+        let mirrored = Layout {
+            local_members: recv_members,
+            remote_members: send_members,
+            ..layout
+        };
         let sender_mem = (0..MEM).map(|i| (i % 251) as u8).collect();
         Self {
             send: SendSide::new(layout),
-            recv: RecvSide::new(layout),
+            recv: RecvSide::new(mirrored),
             ring: vec![None; SLOTS * MAX_RECVS],
             sizes_ring: vec![[0; MAX_RECVS]; SLOTS],
             sender_mem,
             recv_mem: vec![0xee; MEM],
             wire: vec![VecDeque::new(); nqps],
             rng: Rng(0x2545_f491_4f6c_dd1d),
+            writes_per_qp: vec![0; nqps],
         }
     }
 
@@ -77,6 +103,20 @@ impl Pair {
     }
 
     fn copy(&mut self, w: &RdmaWrite) {
+        let layout = self.send.layout();
+        assert_eq!(
+            w.lkey,
+            lkey_of(layout.local_member(w.qp)),
+            "lkey of QP {}",
+            w.qp
+        );
+        assert_eq!(
+            w.rkey,
+            rkey_of(layout.remote_member(w.qp)),
+            "rkey of QP {}",
+            w.qp
+        );
+        self.writes_per_qp[w.qp] += 1;
         let (l, r, n) = (
             w.local_addr as usize,
             w.remote_addr as usize,
@@ -123,7 +163,7 @@ fn rbuf(addr: u64, size: u64, tag: i32) -> RecvBuf {
     RecvBuf {
         addr,
         size,
-        rkey: 7,
+        rkeys: std::array::from_fn(rkey_of),
         tag,
     }
 }
@@ -131,7 +171,7 @@ fn sbuf(addr: u64, size: u64, tag: i32) -> SendBuf {
     SendBuf {
         addr,
         size,
-        lkey: 3,
+        lkeys: std::array::from_fn(lkey_of),
         tag,
     }
 }
@@ -303,25 +343,16 @@ fn sender_waits_for_its_own_completion_before_reusing_a_slot() {
 
 #[test]
 fn stray_completions_are_errors() {
-    let mut r = RecvSide::new(Layout {
-        nqps: 2,
-        split: false,
-    });
+    let mut r = RecvSide::new(Layout::single(2, false));
     assert_eq!(r.handle_completion(1, 0).unwrap_err().kind(), Kind::Remote);
     assert_eq!(r.handle_completion(9, 0).unwrap_err().kind(), Kind::Remote);
-    let mut s = SendSide::new(Layout {
-        nqps: 1,
-        split: false,
-    });
+    let mut s = SendSide::new(Layout::single(1, false));
     assert_eq!(s.handle_completion(0).unwrap_err().kind(), Kind::Misuse);
 }
 
 #[test]
 fn irecv_rejects_bad_group_sizes() {
-    let mut r = RecvSide::new(Layout {
-        nqps: 1,
-        split: false,
-    });
+    let mut r = RecvSide::new(Layout::single(1, false));
     assert_eq!(r.irecv(&[]).unwrap_err().kind(), Kind::Misuse);
     assert_eq!(
         r.irecv(&[rbuf(0, 1, 0); 9]).unwrap_err().kind(),
@@ -347,18 +378,59 @@ fn chunks_cover_the_payload_with_aligned_offsets() {
 
 #[test]
 fn rotation_spreads_messages_over_qps() {
-    let l = Layout {
-        nqps: 3,
-        split: false,
-    };
-    let used: Vec<usize> = (0..6).map(|s| l.qps_for(s).start).collect();
+    let l = Layout::single(3, false);
+    let used: Vec<usize> = (0..6).map(|s| l.qps_for(s, 1 << 20).start).collect();
     assert_eq!(used, [0, 1, 2, 0, 1, 2]);
+    assert_eq!(Layout::single(3, true).qps_for(5, 8), 0..3);
+}
+
+#[test]
+fn fused_layouts_stripe_large_messages_and_rotate_small_ones() {
+    let two = Layout {
+        nqps: 4,
+        split: false,
+        local_members: 2,
+        remote_members: 2,
+    };
+    let big: Vec<_> = (0..4).map(|s| two.qps_for(s, STRIPE_MIN_BYTES)).collect();
     assert_eq!(
-        Layout {
-            nqps: 3,
-            split: true
-        }
-        .qps_for(5),
-        0..3
+        big,
+        [0..2, 2..4, 0..2, 2..4],
+        "one QP per member, both members"
     );
+    let small: Vec<usize> = (0..4).map(|s| two.qps_for(s, 8).start).collect();
+    assert_eq!(small, [0, 1, 2, 3], "whole messages alternate members");
+    let asym = Layout {
+        nqps: 2,
+        split: false,
+        local_members: 1,
+        remote_members: 2,
+    };
+    assert_eq!((asym.local_member(1), asym.remote_member(1)), (0, 1));
+}
+
+#[test]
+fn fused_transfers_use_every_member_with_its_own_keys() {
+    for (send_members, recv_members) in [(2, 2), (1, 2), (2, 1), (4, 2)] {
+        let rails = send_members.max(recv_members);
+        for size in [8, 4096, STRIPE_MIN_BYTES, 300_001] {
+            let mut p = Pair::fused(rails, false, send_members, recv_members);
+            for round in 0..2 * rails as u64 {
+                let slot = p.irecv(&[rbuf(4096, size, 0)]).unwrap();
+                let a = p.isend(sbuf(round, size, 0)).unwrap().unwrap();
+                p.deliver_all();
+                assert_eq!(p.received(slot), Some(vec![size]));
+                let (d, s) = (4096, size as usize);
+                let r = round as usize;
+                assert_eq!(&p.recv_mem[d..d + s], &p.sender_mem[r..r + s], "{size}");
+                p.recv.release(slot);
+                p.send.release(a.slot, 0);
+            }
+            assert!(
+                p.writes_per_qp.iter().all(|&w| w > 0),
+                "{send_members}x{recv_members} size {size}: every QP carried data {:?}",
+                p.writes_per_qp
+            );
+        }
+    }
 }

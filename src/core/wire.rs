@@ -5,13 +5,13 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use super::config::MAX_QPS_PER_CONNECTION;
+use super::config::{MAX_FUSED_MEMBERS, MAX_QPS_PER_CONNECTION};
 use super::error::{Error, Result};
 
 const HANDLE_MAGIC: u32 = 0x5253_4942; // "RSIB"
 const HELLO_MAGIC: u32 = 0x5253_4948; // "RSIH"
 /// Version of the handshake; both sides must agree.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 
 /// Largest number of buffers one grouped receive may carry (and CTS entries per slot).
 pub const MAX_RECVS: usize = 8;
@@ -42,6 +42,9 @@ pub struct ListenHandle {
     pub addr: SocketAddr,
     /// Random value the connecting side must echo.
     pub nonce: u64,
+    /// Ports of the listening (fused) device: the connecting side creates QPs for the larger
+    /// of its own and this count.
+    pub members: u8,
 }
 
 impl ListenHandle {
@@ -60,7 +63,8 @@ impl ListenHandle {
         out[6..8].copy_from_slice(&self.addr.port().to_le_bytes());
         out[8..24].copy_from_slice(&ip);
         out[24..32].copy_from_slice(&self.nonce.to_le_bytes());
-        out[32..36].fill(0);
+        out[32] = self.members;
+        out[33..36].fill(0);
     }
 
     /// Decode; checks magic, version and family.
@@ -91,20 +95,24 @@ impl ListenHandle {
             6 => IpAddr::V6(v6),
             _ => return Err(bad("listen handle family")),
         };
+        let members = b[32];
+        if members == 0 || usize::from(members) > MAX_FUSED_MEMBERS {
+            return Err(bad("listen handle member count"));
+        }
         Ok(Self {
             addr: SocketAddr::new(ip, u16_at(b, 6)),
             nonce: u64_at(b, 24),
+            members,
         })
     }
 }
 
-/// One side's description of its end of a connection, exchanged over TCP.
+/// Most QPs one connection may have: one set per member of the larger side.
+pub const MAX_CONNECTION_QPS: usize = MAX_FUSED_MEMBERS * MAX_QPS_PER_CONNECTION as usize;
+
+/// One member port of a side's device, as the peer needs it to connect QPs to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Hello {
-    /// Echo of the listen handle's nonce.
-    pub nonce: u64,
-    /// QP numbers, one per QP of the connection, in QP index order.
-    pub qpns: Vec<u32>,
+pub struct Endpoint {
     /// Local ID (InfiniBand; 0 on RoCE).
     pub lid: u16,
     /// Port number.
@@ -113,29 +121,80 @@ pub struct Hello {
     pub mtu: u8,
     /// Link layer code (`IBV_LINK_LAYER_*`).
     pub link_layer: u8,
-    /// The GID this side will use.
-    pub gid: [u8; 16],
-    /// Its index in the local GID table.
-    pub gid_index: u32,
     /// Its RoCE version (0 on InfiniBand).
     pub roce_version: u8,
+    /// The GID this port uses.
+    pub gid: [u8; 16],
+    /// Its index in the port's GID table.
+    pub gid_index: u32,
+    /// Remote key of this side's control ring on this member.
+    pub ring_rkey: u32,
+    /// Device name, for error messages on the other side.
+    pub device: String,
+}
+
+impl Endpoint {
+    const LEN: usize = 32 + NAME_LEN;
+
+    fn emit(&self, out: &mut [u8]) {
+        out[0..2].copy_from_slice(&self.lid.to_le_bytes());
+        out[2] = self.port;
+        out[3] = self.mtu;
+        out[4] = self.link_layer;
+        out[5] = self.roce_version;
+        out[8..24].copy_from_slice(&self.gid);
+        out[24..28].copy_from_slice(&self.gid_index.to_le_bytes());
+        out[28..32].copy_from_slice(&self.ring_rkey.to_le_bytes());
+        let name = self.device.as_bytes();
+        let n = name.len().min(NAME_LEN);
+        out[32..32 + n].copy_from_slice(&name[..n]);
+    }
+
+    fn parse(b: &[u8]) -> Self {
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[8..24]);
+        let name = &b[32..32 + NAME_LEN];
+        let name_len = name.iter().position(|&c| c == 0).unwrap_or(NAME_LEN);
+        Self {
+            lid: u16_at(b, 0),
+            port: b[2],
+            mtu: b[3],
+            link_layer: b[4],
+            roce_version: b[5],
+            gid,
+            gid_index: u32_at(b, 24),
+            ring_rkey: u32_at(b, 28),
+            device: String::from_utf8_lossy(&name[..name_len]).into_owned(),
+        }
+    }
+}
+
+/// One side's description of its end of a connection, exchanged over TCP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// Echo of the listen handle's nonce.
+    pub nonce: u64,
+    /// QP numbers, one per QP of the connection, in QP index order (QP `i` lives on member
+    /// `i % members.len()`).
+    pub qpns: Vec<u32>,
+    /// The member ports of this side's device.
+    pub members: Vec<Endpoint>,
     /// Address of this side's control ring (sender: CTS ring; receiver: sizes ring).
     pub ring_addr: u64,
-    /// Remote key of that ring.
-    pub ring_rkey: u32,
     /// Traffic class chosen by the sender (the receiver echoes it).
     pub traffic_class: u8,
     /// Service level chosen by the sender (the receiver echoes it).
     pub service_level: u8,
     /// Split-data mode chosen by the sender.
     pub split_data: bool,
-    /// Device name, for error messages on the other side.
-    pub device: String,
 }
 
+const HELLO_QPNS_AT: usize = 32;
+const HELLO_MEMBERS_AT: usize = HELLO_QPNS_AT + 4 * MAX_CONNECTION_QPS;
+
 impl Hello {
-    /// Encoded size (fixed: unused QP slots are zero).
-    pub const LEN: usize = 8 + 8 + 4 * MAX_QPS_PER_CONNECTION as usize + 48 + NAME_LEN;
+    /// Encoded size (fixed: unused QP and member slots are zero).
+    pub const LEN: usize = HELLO_MEMBERS_AT + MAX_FUSED_MEMBERS * Endpoint::LEN;
 
     /// Encode.
     pub fn emit(&self) -> [u8; Self::LEN] {
@@ -143,36 +202,28 @@ impl Hello {
         out[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
         out[4] = PROTOCOL_VERSION;
         out[5] = u8::try_from(self.qpns.len()).unwrap_or(0);
+        out[6] = u8::try_from(self.members.len()).unwrap_or(0);
+        out[7] = u8::from(self.split_data);
         out[8..16].copy_from_slice(&self.nonce.to_le_bytes());
-        let mut at = 16;
-        for q in self.qpns.iter().take(MAX_QPS_PER_CONNECTION as usize) {
+        out[16..24].copy_from_slice(&self.ring_addr.to_le_bytes());
+        out[24] = self.traffic_class;
+        out[25] = self.service_level;
+        for (i, q) in self.qpns.iter().take(MAX_CONNECTION_QPS).enumerate() {
+            let at = HELLO_QPNS_AT + 4 * i;
             out[at..at + 4].copy_from_slice(&q.to_le_bytes());
-            at += 4;
         }
-        let at = 16 + 4 * MAX_QPS_PER_CONNECTION as usize;
-        out[at..at + 2].copy_from_slice(&self.lid.to_le_bytes());
-        out[at + 2] = self.port;
-        out[at + 3] = self.mtu;
-        out[at + 4] = self.link_layer;
-        out[at + 5] = self.roce_version;
-        out[at + 6] = self.traffic_class;
-        out[at + 7] = self.service_level;
-        out[at + 8..at + 24].copy_from_slice(&self.gid);
-        out[at + 24..at + 28].copy_from_slice(&self.gid_index.to_le_bytes());
-        out[at + 28..at + 36].copy_from_slice(&self.ring_addr.to_le_bytes());
-        out[at + 36..at + 40].copy_from_slice(&self.ring_rkey.to_le_bytes());
-        out[at + 40] = u8::from(self.split_data);
-        let name = self.device.as_bytes();
-        let n = name.len().min(NAME_LEN);
-        out[at + 48..at + 48 + n].copy_from_slice(&name[..n]);
+        for (i, m) in self.members.iter().take(MAX_FUSED_MEMBERS).enumerate() {
+            let at = HELLO_MEMBERS_AT + i * Endpoint::LEN;
+            m.emit(&mut out[at..at + Endpoint::LEN]);
+        }
         out
     }
 
     /// Decode.
     ///
     /// # Errors
-    /// `Remote` when the peer sent something else (wrong magic, QP count); `Config` on a version
-    /// mismatch (different plugin versions on the two nodes).
+    /// `Remote` when the peer sent something else (wrong magic, QP or member count); `Config` on
+    /// a version mismatch (different plugin versions on the two nodes).
     pub fn parse(b: &[u8]) -> Result<Self> {
         if b.len() < Self::LEN || u32_at(b, 0) != HELLO_MAGIC {
             return Err(Error::new(
@@ -187,35 +238,30 @@ impl Hello {
                 b[4]
             )));
         }
-        let nqps = usize::from(b[5]);
-        if nqps == 0 || nqps > MAX_QPS_PER_CONNECTION as usize {
+        let (nqps, nmembers) = (usize::from(b[5]), usize::from(b[6]));
+        if nqps == 0
+            || nqps > MAX_CONNECTION_QPS
+            || nmembers == 0
+            || nmembers > MAX_FUSED_MEMBERS
+            || !nqps.is_multiple_of(nmembers)
+        {
             return Err(Error::new(
                 super::error::Kind::Remote,
-                format!("peer announced {nqps} QPs"),
+                format!("peer announced {nqps} QPs over {nmembers} ports"),
             ));
         }
-        let qpns = (0..nqps).map(|i| u32_at(b, 16 + 4 * i)).collect();
-        let at = 16 + 4 * MAX_QPS_PER_CONNECTION as usize;
-        let mut gid = [0u8; 16];
-        gid.copy_from_slice(&b[at + 8..at + 24]);
-        let name = &b[at + 48..at + 48 + NAME_LEN];
-        let name_len = name.iter().position(|&c| c == 0).unwrap_or(NAME_LEN);
         Ok(Self {
             nonce: u64_at(b, 8),
-            qpns,
-            lid: u16_at(b, at),
-            port: b[at + 2],
-            mtu: b[at + 3],
-            link_layer: b[at + 4],
-            roce_version: b[at + 5],
-            traffic_class: b[at + 6],
-            service_level: b[at + 7],
-            gid,
-            gid_index: u32_at(b, at + 24),
-            ring_addr: u64_at(b, at + 28),
-            ring_rkey: u32_at(b, at + 36),
-            split_data: b[at + 40] != 0,
-            device: String::from_utf8_lossy(&name[..name_len]).into_owned(),
+            qpns: (0..nqps)
+                .map(|i| u32_at(b, HELLO_QPNS_AT + 4 * i))
+                .collect(),
+            members: (0..nmembers)
+                .map(|i| Endpoint::parse(&b[HELLO_MEMBERS_AT + i * Endpoint::LEN..]))
+                .collect(),
+            ring_addr: u64_at(b, 16),
+            traffic_class: b[24],
+            service_level: b[25],
+            split_data: b[7] != 0,
         })
     }
 }
@@ -229,8 +275,8 @@ pub struct Cts {
     pub addr: u64,
     /// Its capacity in bytes.
     pub size: u64,
-    /// Remote key of its registration.
-    pub rkey: u32,
+    /// Remote keys of its registration, one per member of the receiver's device.
+    pub rkeys: [u32; MAX_FUSED_MEMBERS],
     /// Tag of the expected send.
     pub tag: i32,
     /// Number of buffers in this grouped receive (all entries of the slot carry the same).
@@ -250,9 +296,13 @@ impl Cts {
         let mut out = [0u8; Self::LEN];
         out[0..8].copy_from_slice(&self.addr.to_le_bytes());
         out[8..16].copy_from_slice(&self.size.to_le_bytes());
-        out[16..20].copy_from_slice(&self.rkey.to_le_bytes());
+        out[16..20].copy_from_slice(&self.rkeys[0].to_le_bytes());
         out[20..24].copy_from_slice(&self.tag.to_le_bytes());
         out[24..28].copy_from_slice(&self.nreqs.to_le_bytes());
+        for (i, rkey) in self.rkeys.iter().enumerate().skip(1) {
+            let at = 28 + 4 * (i - 1);
+            out[at..at + 4].copy_from_slice(&rkey.to_le_bytes());
+        }
         out[56..64].copy_from_slice(&self.seq_plus_one.to_le_bytes());
         out
     }
@@ -262,7 +312,13 @@ impl Cts {
         Self {
             addr: u64_at(b, 0),
             size: u64_at(b, 8),
-            rkey: u32_at(b, 16),
+            rkeys: std::array::from_fn(|i| {
+                if i == 0 {
+                    u32_at(b, 16)
+                } else {
+                    u32_at(b, 28 + 4 * (i - 1))
+                }
+            }),
             tag: i32::from_le_bytes([b[20], b[21], b[22], b[23]]),
             nreqs: u32_at(b, 24),
             seq_plus_one: u64_at(b, 56),
@@ -272,6 +328,7 @@ impl Cts {
 
 const _: () = assert!(ListenHandle::LEN <= 128);
 const _: () = assert!(Cts::LEN.is_multiple_of(32));
+const _: () = assert!(28 + 4 * (MAX_FUSED_MEMBERS - 1) <= Cts::SEQ_OFFSET);
 
 #[cfg(test)]
 mod tests {
@@ -283,6 +340,7 @@ mod tests {
             let h = ListenHandle {
                 addr: addr.parse().unwrap(),
                 nonce: 0xdead_beef_0bad_cafe,
+                members: 2,
             };
             let mut b = [0u8; ListenHandle::LEN];
             h.emit(&mut b);
@@ -298,6 +356,7 @@ mod tests {
         ListenHandle {
             addr: "127.0.0.1:1".parse().unwrap(),
             nonce: 1,
+            members: 1,
         }
         .emit(&mut b);
         b[4] = 99;
@@ -307,27 +366,37 @@ mod tests {
 
     #[test]
     fn hello_round_trips() {
-        let h = Hello {
-            nonce: 7,
-            qpns: vec![17, 18, 0x00ff_ffff],
+        let member = |name: &str, gid: u8| Endpoint {
             lid: 3,
             port: 1,
             mtu: 5,
             link_layer: 2,
-            gid: [0xfe; 16],
-            gid_index: 1,
             roce_version: 2,
-            ring_addr: 0x7fff_0000_1000,
+            gid: [gid; 16],
+            gid_index: 1,
             ring_rkey: 0x1234,
+            device: name.into(),
+        };
+        let h = Hello {
+            nonce: 7,
+            qpns: (0..64).map(|q| 0x00ff_0000 + q).collect(),
+            members: vec![
+                member("mlx5_0", 0xfe),
+                member("mlx5_1", 0xfd),
+                member("mlx5_2", 1),
+                member("mlx5_3", 2),
+            ],
+            ring_addr: 0x7fff_0000_1000,
             traffic_class: 106,
             service_level: 3,
             split_data: true,
-            device: "mlx5_0".into(),
         };
         assert_eq!(Hello::parse(&h.emit()).unwrap(), h);
-        let mut b = h.emit();
-        b[5] = 0;
-        assert!(Hello::parse(&b).is_err());
+        for (at, value) in [(5, 0), (5, 65), (6, 0), (6, 5), (5, 3)] {
+            let mut b = h.emit();
+            b[at] = value;
+            assert!(Hello::parse(&b).is_err(), "byte {at} = {value}");
+        }
     }
 
     #[test]
@@ -335,7 +404,7 @@ mod tests {
         let c = Cts {
             addr: 0x1000,
             size: 4096,
-            rkey: 9,
+            rkeys: [9, 10, 11, 0xffff_ffff],
             tag: -3,
             nreqs: 8,
             seq_plus_one: 42,

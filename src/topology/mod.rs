@@ -6,14 +6,18 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod fusion;
 mod gid;
 mod hca_filter;
 mod link;
+mod pci;
 mod select;
 mod sysfs;
 
+pub use fusion::{Fusion, FusionPolicy, VirtualDevice, fuse};
 pub use gid::{GidEntry, parse_gid, parse_roce_version, select_gid};
 pub use hca_filter::HcaFilter;
 pub use link::{LinkLayer, link_speed_mbps};
+pub use pci::{BadPciAddress, PciAddress, PciFunction};
 pub use select::{HcaPort, NetDevice, Selection, select_devices};
 pub use sysfs::SysfsRoot;

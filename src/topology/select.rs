@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::{HcaFilter, LinkLayer, SysfsRoot, link_speed_mbps};
+use super::{HcaFilter, LinkLayer, PciFunction, SysfsRoot, link_speed_mbps};
 
 /// One port of one RDMA device, as verbs reported it at discovery.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +37,8 @@ pub struct NetDevice {
     pub port: u32,
     /// Realpath of the parent PCI device, `None` for virtual devices.
     pub pci_path: Option<PathBuf>,
+    /// The PCI function behind the device, `None` for virtual devices.
+    pub pci: Option<PciFunction>,
     /// NIC identity (`sys_image_guid`).
     pub guid: u64,
     /// Link speed in Mbps.
@@ -109,6 +111,7 @@ pub fn select_devices(
                 device: p.device.clone(),
                 port: p.port,
                 pci_path: sysfs.ib_device_pci_path(&p.device),
+                pci: sysfs.pci_function(&p.device),
                 guid: p.sys_image_guid,
                 speed_mbps: link_speed_mbps(p.active_speed, p.active_width),
                 link_layer: p.link_layer,

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{GidEntry, parse_gid, parse_roce_version};
+use super::{GidEntry, PciAddress, PciFunction, parse_gid, parse_roce_version};
 
 /// Root of a sysfs tree: `/sys` on a real machine, a fixture directory in tests.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +37,42 @@ impl SysfsRoot {
             .join("device")
             .canonicalize()
             .ok()
+    }
+
+    /// The PCI function behind `device`: the address is the name of the directory its `device`
+    /// link resolves to, the PF the name of the directory `physfn` resolves to. `None` without a
+    /// PCI parent (Soft-RoCE) or when the parent is not named like a PCI function.
+    pub fn pci_function(&self, device: &str) -> Option<PciFunction> {
+        let dir = self
+            .ib_device_dir(device)
+            .join("device")
+            .canonicalize()
+            .ok()?;
+        let address_of =
+            |path: &Path| -> Option<PciAddress> { path.file_name()?.to_str()?.parse().ok() };
+        let address = address_of(&dir)?;
+        let physfn = dir
+            .join("physfn")
+            .canonicalize()
+            .ok()
+            .and_then(|pf| address_of(&pf));
+        let numa_node = std::fs::read_to_string(dir.join("numa_node"))
+            .ok()
+            .and_then(|n| n.trim().parse::<u32>().ok());
+        let mut netdevs: Vec<String> = std::fs::read_dir(dir.join("net"))
+            .map(|listing| {
+                listing
+                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        netdevs.sort();
+        Some(PciFunction {
+            address,
+            physfn,
+            numa_node,
+            netdevs,
+        })
     }
 }
 
@@ -98,6 +134,36 @@ mod tests {
         );
         assert_eq!(root.ib_device_pci_path("rxe0"), None);
         assert_eq!(root.ib_device_pci_path("absent"), None);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn pci_function_reads_address_physfn_numa_and_netdevs() {
+        let dir = std::env::temp_dir().join(format!("sysfs-pci-{}", std::process::id()));
+        let pf = dir.join("devices/pci0000:00/0000:00:02.0/0000:0b:00.0");
+        let vf = dir.join("devices/pci0000:00/0000:00:02.0/0000:0b:00.2");
+        for (function, numa, net) in [(&pf, "1\n", "ens1f0"), (&vf, "-1\n", "ens1f0v0")] {
+            fs::create_dir_all(function.join("net").join(net)).unwrap();
+            fs::write(function.join("numa_node"), numa).unwrap();
+        }
+        std::os::unix::fs::symlink(&pf, vf.join("physfn")).unwrap();
+        for (name, function) in [("mlx5_0", &pf), ("mlx5_2", &vf)] {
+            fs::create_dir_all(dir.join("class/infiniband").join(name)).unwrap();
+            std::os::unix::fs::symlink(
+                function,
+                dir.join("class/infiniband").join(name).join("device"),
+            )
+            .unwrap();
+        }
+        let root = SysfsRoot::new(&dir);
+        let pf_fn = root.pci_function("mlx5_0").unwrap();
+        assert_eq!(pf_fn.address.to_string(), "0000:0b:00.0");
+        assert_eq!((pf_fn.physfn, pf_fn.numa_node), (None, Some(1)));
+        assert_eq!(pf_fn.netdevs, ["ens1f0"]);
+        let vf_fn = root.pci_function("mlx5_2").unwrap();
+        assert_eq!(vf_fn.physfn, Some(pf_fn.address));
+        assert_eq!((vf_fn.numa_node, vf_fn.is_vf()), (None, true));
+        assert_eq!(root.pci_function("rxe0"), None);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

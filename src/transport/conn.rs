@@ -5,12 +5,13 @@
 use std::net::{Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
-use super::DeviceContext;
+use super::{DeviceContext, PortContext};
+use crate::core::config::Config;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::SLOTS;
-use crate::core::wire::{Cts, Hello, MAX_RECVS};
+use crate::core::wire::{Cts, Endpoint, Hello, MAX_RECVS};
 use crate::verbs::{
-    Access, Completion, CompletionQueue, PathParams, QpCaps, QueuePair, RemoteEndpoint,
+    Access, Completion, CompletionQueue, HostRegion, PathParams, QpCaps, QueuePair, RemoteEndpoint,
 };
 
 /// Bytes of the sender's CTS ring: one slot of `MAX_RECVS` entries per message slot.
@@ -63,16 +64,16 @@ impl Failure {
     }
 }
 
-/// The QPs of one connection and their CQ.
+/// The QPs of one connection, striped over the device's member ports, with one CQ per member.
 #[derive(Debug)]
 pub(super) struct QpSet {
-    pub(super) cq: Arc<CompletionQueue>,
+    pub(super) cqs: Vec<Arc<CompletionQueue>>,
     pub(super) qps: Vec<QueuePair>,
 }
 
 impl QpSet {
-    /// Create `n` QPs in INIT with `access` rights for the peer, plus room in the CQ for `extra`
-    /// more work requests (the flush QP).
+    /// Create `n` QPs in INIT with `access` rights for the peer, QP `i` on member
+    /// `i % members`, plus room in each CQ for `extra` more work requests (a flush QP).
     pub(super) fn new(
         ctx: &DeviceContext,
         n: usize,
@@ -80,79 +81,114 @@ impl QpSet {
         access: Access,
         extra: u32,
     ) -> Result<Self> {
+        let members = ctx.ports.len();
         let per_qp = caps.max_send_wr + caps.max_recv_wr;
-        let cq = CompletionQueue::new(&ctx.device, per_qp * n as u32 + extra + 16)?;
-        let port = u8::try_from(ctx.net.port).unwrap_or(1);
+        let cqs = ctx
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(m, port)| {
+                let qps_here = (m..n).step_by(members).count() as u32;
+                CompletionQueue::new(&port.device, per_qp * qps_here + extra + 16)
+            })
+            .collect::<Result<Vec<_>>>()?;
         let qps = (0..n)
-            .map(|_| {
-                let qp = QueuePair::new(&ctx.pd, &cq, caps)?;
-                qp.to_init(port, access)?;
+            .map(|i| {
+                let port = &ctx.ports[i % members];
+                let qp = QueuePair::new(&port.pd, &cqs[i % members], caps)?;
+                qp.to_init(port.port_num(), access)?;
                 Ok(qp)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { cq, qps })
+        Ok(Self { cqs, qps })
     }
 
-    /// Hand every completion in the CQ to `each`, until the CQ is empty or `each` fails.
-    pub(super) fn drain(&self, mut each: impl FnMut(&Completion) -> Result<()>) -> Result<()> {
-        loop {
-            let batch = self.cq.poll()?;
-            if batch.is_empty() {
-                return Ok(());
-            }
-            for c in batch {
-                each(&c)?;
+    /// Hand every completion in every CQ, with the member whose CQ it came from, to `each`,
+    /// until the CQs are empty or `each` fails.
+    pub(super) fn drain(
+        &self,
+        mut each: impl FnMut(usize, &Completion) -> Result<()>,
+    ) -> Result<()> {
+        for (member, cq) in self.cqs.iter().enumerate() {
+            loop {
+                let batch = cq.poll()?;
+                if batch.is_empty() {
+                    break;
+                }
+                for c in batch {
+                    each(member, &c)?;
+                }
             }
         }
+        Ok(())
     }
 
-    /// QP index of the QP numbered `qpn`.
-    pub(super) fn index_of(&self, qpn: u32) -> Option<usize> {
-        self.qps.iter().position(|q| q.qpn() == qpn)
+    /// QP index of the QP numbered `qpn` on `member` (QP numbers are unique per device only,
+    /// so two members may both have a QP 0x11).
+    pub(super) fn index_of(&self, member: usize, qpn: u32) -> Option<usize> {
+        (member..self.qps.len())
+            .step_by(self.cqs.len())
+            .find(|&i| self.qps[i].qpn() == qpn)
     }
 
-    /// Bring every QP to RTS towards the peer's QPs, pairwise.
-    pub(super) fn connect(&self, remote: &Hello, path: &PathParams) -> Result<()> {
-        for (qp, &qpn) in self.qps.iter().zip(&remote.qpns) {
+    /// Bring every QP to RTS towards the peer's QPs, pairwise: QP `i` on local member
+    /// `i % members` to the peer's QP `i` on its member `i % remote members`.
+    pub(super) fn connect(
+        &self,
+        ctx: &DeviceContext,
+        remote: &Hello,
+        traffic_class: u8,
+        service_level: u8,
+    ) -> Result<()> {
+        for (i, (qp, &qpn)) in self.qps.iter().zip(&remote.qpns).enumerate() {
+            let port = &ctx.ports[i % ctx.ports.len()];
+            let peer = &remote.members[i % remote.members.len()];
+            let path = path_params(port, &ctx.config, peer, traffic_class, service_level);
             qp.to_rtr(
                 &RemoteEndpoint {
                     qpn,
-                    lid: remote.lid,
-                    gid: remote.gid,
+                    lid: peer.lid,
+                    gid: peer.gid,
                 },
-                path,
+                &path,
             )?;
-            qp.to_rts(path)?;
+            qp.to_rts(&path)?;
         }
         Ok(())
     }
 }
 
-/// The handshake message describing this side.
+/// The handshake message describing this side; `ring` is the control ring the peer writes.
 pub(super) fn local_hello(
     ctx: &DeviceContext,
     qps: &QpSet,
     nonce: u64,
-    ring_addr: u64,
-    ring_rkey: u32,
+    ring: &HostRegion,
     split: bool,
 ) -> Hello {
     Hello {
         nonce,
         qpns: qps.qps.iter().map(QueuePair::qpn).collect(),
-        lid: ctx.lid,
-        port: u8::try_from(ctx.net.port).unwrap_or(1),
-        mtu: ctx.mtu,
-        link_layer: ctx.link_layer,
-        gid: ctx.gid.gid,
-        gid_index: ctx.gid.index,
-        roce_version: ctx.gid.roce_version.unwrap_or(0),
-        ring_addr,
-        ring_rkey,
+        members: ctx
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(m, port)| Endpoint {
+                lid: port.lid,
+                port: port.port_num(),
+                mtu: port.mtu,
+                link_layer: port.link_layer,
+                roce_version: port.gid.roce_version.unwrap_or(0),
+                gid: port.gid.gid,
+                gid_index: port.gid.index,
+                ring_rkey: ring.mr(m).rkey(),
+                device: port.name().to_owned(),
+            })
+            .collect(),
+        ring_addr: ring.addr(0),
         traffic_class: ctx.config.traffic_class,
         service_level: ctx.config.service_level,
         split_data: split,
-        device: ctx.name().to_owned(),
     }
 }
 
@@ -168,58 +204,86 @@ fn describe_gid(gid: &[u8; 16], index: u32, version: u8) -> String {
     }
 }
 
-/// `"rxe0 GID index 1 ::ffff:127.0.0.1 (IPv4 127.0.0.1) RoCE v2"` for this side.
-pub(super) fn describe_local(ctx: &DeviceContext) -> String {
+fn describe_port(port: &PortContext) -> String {
     format!(
         "{} {}",
-        ctx.name(),
+        port.name(),
         describe_gid(
-            &ctx.gid.gid,
-            ctx.gid.index,
-            ctx.gid.roce_version.unwrap_or(0)
+            &port.gid.gid,
+            port.gid.index,
+            port.gid.roce_version.unwrap_or(0)
         )
     )
 }
 
-/// The same for the peer, with its address.
-pub(super) fn describe_remote(remote: &Hello, peer: SocketAddr) -> String {
+fn describe_endpoint(peer: &Endpoint) -> String {
     format!(
-        "{} at {peer} {}",
-        remote.device,
-        describe_gid(&remote.gid, remote.gid_index, remote.roce_version)
+        "{} {}",
+        peer.device,
+        describe_gid(&peer.gid, peer.gid_index, peer.roce_version)
     )
 }
 
-/// Refuse a peer whose link layer or GID kind differs from ours: such QPs would connect and then
-/// fail every transfer with "retry exceeded", which is much harder to diagnose.
+/// `"rxe0 GID index 1 ::ffff:127.0.0.1 (IPv4 127.0.0.1) RoCE v2"` for this side (members
+/// joined by `" + "`).
+pub(super) fn describe_local(ctx: &DeviceContext) -> String {
+    let ports: Vec<String> = ctx.ports.iter().map(|p| describe_port(p)).collect();
+    ports.join(" + ")
+}
+
+/// The same for the peer, with its address.
+pub(super) fn describe_remote(remote: &Hello, peer: SocketAddr) -> String {
+    let members: Vec<String> = remote.members.iter().map(describe_endpoint).collect();
+    format!("{} at {peer}", members.join(" + "))
+}
+
+/// QPs a connection between `ctx` and a device of `remote_members` ports has.
+pub(super) fn connection_qps(ctx: &DeviceContext, remote_members: usize) -> usize {
+    ctx.ports.len().max(remote_members) * ctx.config.qps_per_connection as usize
+}
+
+/// Refuse a peer whose QP count, link layer or GID kind differs from ours: such QPs would
+/// connect and then fail every transfer with "retry exceeded", which is much harder to diagnose.
 pub(super) fn check_peer(ctx: &DeviceContext, remote: &Hello, peer: SocketAddr) -> Result<()> {
-    if remote.qpns.len() != ctx.config.qps_per_connection as usize {
+    let rails = ctx.ports.len().max(remote.members.len());
+    if remote.qpns.len() != connection_qps(ctx, remote.members.len()) {
         return Err(Error::config(format!(
             "NCCL_IB_QPS_PER_CONNECTION differs: {} here, {} on {}: set the same value on every node",
             ctx.config.qps_per_connection,
-            remote.qpns.len(),
+            remote.qpns.len() / rails,
             describe_remote(remote, peer)
         )));
     }
-    if remote.link_layer != ctx.link_layer {
+    for rail in 0..rails {
+        let port = &ctx.ports[rail % ctx.ports.len()];
+        let member = &remote.members[rail % remote.members.len()];
+        check_member(port, member, || describe_remote(remote, peer))?;
+    }
+    Ok(())
+}
+
+fn check_member(port: &PortContext, member: &Endpoint, remote: impl Fn() -> String) -> Result<()> {
+    if member.link_layer != port.link_layer {
         return Err(Error::config(format!(
-            "link layers differ: {} is {} but {} is {}",
-            ctx.name(),
-            link_layer_name(ctx.link_layer),
-            describe_remote(remote, peer),
-            link_layer_name(remote.link_layer)
+            "link layers differ: {} is {} but {} ({}) is {}",
+            port.name(),
+            link_layer_name(port.link_layer),
+            member.device,
+            remote(),
+            link_layer_name(member.link_layer)
         )));
     }
-    if ctx.link_layer == LINK_LAYER_ETHERNET {
-        let local_v4 = Ipv6Addr::from(ctx.gid.gid).to_ipv4_mapped().is_some();
-        let remote_v4 = Ipv6Addr::from(remote.gid).to_ipv4_mapped().is_some();
-        let local_version = ctx.gid.roce_version.unwrap_or(0);
-        if local_v4 != remote_v4 || local_version != remote.roce_version {
+    if port.link_layer == LINK_LAYER_ETHERNET {
+        let local_v4 = Ipv6Addr::from(port.gid.gid).to_ipv4_mapped().is_some();
+        let remote_v4 = Ipv6Addr::from(member.gid).to_ipv4_mapped().is_some();
+        let local_version = port.gid.roce_version.unwrap_or(0);
+        if local_v4 != remote_v4 || local_version != member.roce_version {
             return Err(Error::config(format!(
-                "GID mismatch: local {} vs remote {}: both sides must use the same address family \
-                 and RoCE version (NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ROCE_VERSION_NUM)",
-                describe_local(ctx),
-                describe_remote(remote, peer)
+                "GID mismatch: local {} vs remote {} ({}): both sides must use the same address \
+                 family and RoCE version (NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ROCE_VERSION_NUM)",
+                describe_port(port),
+                describe_endpoint(member),
+                remote()
             )));
         }
     }
@@ -234,22 +298,24 @@ fn link_layer_name(code: u8) -> &'static str {
     }
 }
 
-/// Path parameters for QPs towards `remote`, with the sender's traffic class and service level.
+/// Path parameters for a QP on `port` towards the peer's member `peer`, with the sender's
+/// traffic class and service level.
 pub(super) fn path_params(
-    ctx: &DeviceContext,
-    remote: &Hello,
+    port: &PortContext,
+    config: &Config,
+    peer: &Endpoint,
     traffic_class: u8,
     service_level: u8,
 ) -> PathParams {
     PathParams {
-        port: u8::try_from(ctx.net.port).unwrap_or(1),
-        mtu: ctx.mtu.min(remote.mtu),
-        global: ctx.link_layer == LINK_LAYER_ETHERNET,
-        sgid_index: u8::try_from(ctx.gid.index).unwrap_or(0),
+        port: port.port_num(),
+        mtu: port.mtu.min(peer.mtu),
+        global: port.link_layer == LINK_LAYER_ETHERNET,
+        sgid_index: u8::try_from(port.gid.index).unwrap_or(0),
         traffic_class,
         service_level,
-        timeout: ctx.config.ib_timeout,
-        retry_cnt: ctx.config.retry_cnt,
+        timeout: config.ib_timeout,
+        retry_cnt: config.retry_cnt,
     }
 }
 

@@ -1,5 +1,7 @@
-//! Per-device state shared by every comm on that device: the open device, one protection domain,
-//! the chosen GID, the out-of-band address, and the registration cache.
+//! Per-device state shared by every comm on that device. A [`DeviceContext`] is one NCCL device:
+//! one port, or the member ports of a fused device. Each member is a [`PortContext`]: the open
+//! device, one protection domain, the chosen GID, the out-of-band address and the registration
+//! cache.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -9,16 +11,54 @@ use parking_lot::Mutex;
 use super::mr::MrCache;
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
-use crate::topology::{GidEntry, LinkLayer, NetDevice, SysfsRoot, select_gid};
+use crate::topology::{GidEntry, LinkLayer, NetDevice, SysfsRoot, VirtualDevice, select_gid};
 use crate::verbs::{Device, InterfaceAddr, ProtectionDomain, interface_addrs};
 
 /// One NCCL device opened for connections.
 #[derive(Debug)]
 pub struct DeviceContext {
-    /// What topology chose (name, port, link layer).
-    pub net: NetDevice,
+    /// The name NCCL sees (`a+b` when fused).
+    pub name: String,
+    /// The member ports, in QP striping order; at least one.
+    pub ports: Vec<Arc<PortContext>>,
     /// The configuration in force.
     pub config: Config,
+}
+
+impl DeviceContext {
+    /// Open every member of `device`.
+    ///
+    /// # Errors
+    /// As [`PortContext::open`], for the first member that fails.
+    pub fn open(device: &VirtualDevice, config: &Config, sysfs: &SysfsRoot) -> Result<Arc<Self>> {
+        let ports = device
+            .members
+            .iter()
+            .map(|m| PortContext::open(m, config, sysfs).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Arc::new(Self {
+            name: device.name(),
+            ports,
+            config: config.clone(),
+        }))
+    }
+
+    /// Address the out-of-band listener binds: the first member's.
+    pub fn oob_ip(&self) -> IpAddr {
+        self.ports[0].oob_ip
+    }
+
+    /// The members' protection domains, in member order.
+    pub(super) fn pds(&self) -> Vec<Arc<ProtectionDomain>> {
+        self.ports.iter().map(|p| Arc::clone(&p.pd)).collect()
+    }
+}
+
+/// One port opened for connections.
+#[derive(Debug)]
+pub struct PortContext {
+    /// What topology chose (name, port, link layer).
+    pub net: NetDevice,
     pub(super) device: Arc<Device>,
     pub(super) pd: Arc<ProtectionDomain>,
     /// GID used by every QP on this port (index 0 on InfiniBand).
@@ -29,18 +69,18 @@ pub struct DeviceContext {
     pub mtu: u8,
     /// Link layer code.
     pub link_layer: u8,
-    /// Address the out-of-band listener binds.
+    /// Address the out-of-band listener binds when this port is a device's first member.
     pub oob_ip: IpAddr,
     pub(super) mrs: Mutex<MrCache>,
 }
 
-impl DeviceContext {
+impl PortContext {
     /// Open `net` for connections.
     ///
     /// # Errors
     /// `System` when the device or PD cannot be opened, `Config` when no GID or out-of-band
     /// address can be chosen.
-    pub fn open(net: &NetDevice, config: &Config, sysfs: &SysfsRoot) -> Result<Arc<Self>> {
+    pub fn open(net: &NetDevice, config: &Config, sysfs: &SysfsRoot) -> Result<Self> {
         let device = Device::open(&net.device)?;
         let pd = ProtectionDomain::new(&device)?;
         let port = device.port_state(net.port)?;
@@ -75,9 +115,8 @@ impl DeviceContext {
             crate::plugin::PLUGIN_NAME,
             port.active_mtu
         );
-        Ok(Arc::new(Self {
+        Ok(Self {
             net: net.clone(),
-            config: config.clone(),
             device,
             pd,
             gid,
@@ -86,12 +125,17 @@ impl DeviceContext {
             link_layer: port.link_layer,
             oob_ip,
             mrs: Mutex::new(MrCache::default()),
-        }))
+        })
     }
 
     /// The device name.
     pub fn name(&self) -> &str {
         self.device.name()
+    }
+
+    /// The port number as verbs wants it.
+    pub(super) fn port_num(&self) -> u8 {
+        u8::try_from(self.net.port).unwrap_or(1)
     }
 }
 

@@ -14,7 +14,7 @@ mod recv;
 mod send;
 mod wire_io;
 
-pub use context::{DeviceContext, choose_oob_address};
+pub use context::{DeviceContext, PortContext, choose_oob_address};
 pub use mr::{MrCache, MrHandle};
 pub use recv::{ListenComm, RECV_REQUESTS, RecvComm, RecvTarget};
 pub use send::{Connecting, SEND_REQUESTS, SendComm};

@@ -1,11 +1,12 @@
-//! Memory registration with a reference-counted cache per device: NCCL registers overlapping
+//! Memory registration with a reference-counted cache per port: NCCL registers overlapping
 //! ranges and the same range on several comms, so a registration covering the requested pages is
 //! shared and deregistered when its last handle goes.
 #![allow(unsafe_code)] // registers NCCL memory (see the transport module doc)
 
 use std::sync::Arc;
 
-use super::DeviceContext;
+use super::{DeviceContext, PortContext};
+use crate::core::config::MAX_FUSED_MEMBERS;
 use crate::core::error::{Error, Result};
 use crate::verbs::{Access, MemoryRegion};
 
@@ -30,25 +31,51 @@ pub struct MrCache {
     entries: Vec<CacheEntry>,
 }
 
-/// What NCCL's `mhandle` points at: one reference to a registration and the range NCCL asked for.
+/// One member's share of a handle: a reference to a registration on that member's PD.
 #[derive(Debug)]
-pub struct MrHandle {
-    ctx: Arc<DeviceContext>,
+struct MrPart {
+    port: Arc<PortContext>,
     mr: Arc<MemoryRegion>,
     cached: bool,
+}
+
+impl Drop for MrPart {
+    fn drop(&mut self) {
+        if !self.cached {
+            return;
+        }
+        let mut cache = self.port.mrs.lock();
+        if let Some(i) = cache
+            .entries
+            .iter()
+            .position(|e| Arc::ptr_eq(&e.mr, &self.mr))
+        {
+            cache.entries[i].refs -= 1;
+            if cache.entries[i].refs == 0 {
+                cache.entries.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// What NCCL's `mhandle` points at: the range NCCL asked for and one registration of it per
+/// member port of the device (peers write through whichever member a QP lives on).
+#[derive(Debug)]
+pub struct MrHandle {
+    parts: Vec<MrPart>,
     addr: u64,
     len: u64,
 }
 
 impl MrHandle {
-    /// Local key.
-    pub fn lkey(&self) -> u32 {
-        self.mr.lkey()
+    /// Local keys, one per member (unused entries 0).
+    pub fn lkeys(&self) -> [u32; MAX_FUSED_MEMBERS] {
+        std::array::from_fn(|i| self.parts.get(i).map_or(0, |p| p.mr.lkey()))
     }
 
-    /// Remote key.
-    pub fn rkey(&self) -> u32 {
-        self.mr.rkey()
+    /// Remote keys, one per member (unused entries 0).
+    pub fn rkeys(&self) -> [u32; MAX_FUSED_MEMBERS] {
+        std::array::from_fn(|i| self.parts.get(i).map_or(0, |p| p.mr.rkey()))
     }
 
     /// Check that `addr..addr + len` lies inside the registered range.
@@ -67,36 +94,56 @@ impl MrHandle {
     }
 }
 
-impl Drop for MrHandle {
-    fn drop(&mut self) {
-        if !self.cached {
-            return;
-        }
-        let mut cache = self.ctx.mrs.lock();
-        if let Some(i) = cache
-            .entries
-            .iter()
-            .position(|e| Arc::ptr_eq(&e.mr, &self.mr))
-        {
-            cache.entries[i].refs -= 1;
-            if cache.entries[i].refs == 0 {
-                cache.entries.swap_remove(i);
-            }
-        }
-    }
-}
-
 impl DeviceContext {
-    /// Register `len` bytes at `addr` (host memory, or CUDA memory through a peer-memory module),
-    /// reusing a cached registration that covers the same pages.
+    /// Register `len` bytes at `addr` (host memory, or CUDA memory through a peer-memory module)
+    /// on every member, reusing cached registrations that cover the same pages.
     ///
     /// # Safety
     /// `addr..addr + len` must stay mapped until every handle covering it is dropped (NCCL's
     /// contract for regMr/deregMr).
     ///
     /// # Errors
-    /// `System` when `ibv_reg_mr` fails.
-    pub unsafe fn register(self: &Arc<Self>, addr: u64, len: u64) -> Result<MrHandle> {
+    /// `System` when `ibv_reg_mr` fails on a member.
+    pub unsafe fn register(&self, addr: u64, len: u64) -> Result<MrHandle> {
+        let parts = self
+            .ports
+            .iter()
+            // SAFETY: forwarded from this function's contract.
+            .map(|port| unsafe { port.register(addr, len) })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MrHandle { parts, addr, len })
+    }
+
+    /// Register a DMA-BUF (`fd`, `offset`) whose memory NCCL addresses as `addr`, on every
+    /// member. Not cached: each call has its own registrations (NCCL closes the fd right after
+    /// the call).
+    ///
+    /// # Errors
+    /// `System` when `ibv_reg_dmabuf_mr` fails on a member.
+    pub fn register_dmabuf(&self, addr: u64, len: u64, offset: u64, fd: i32) -> Result<MrHandle> {
+        let size = usize::try_from(len).map_err(|_| Error::misuse("registration too large"))?;
+        let parts = self
+            .ports
+            .iter()
+            .map(|port| {
+                let mr = port
+                    .pd
+                    .register_dmabuf(offset, size, addr, fd, DATA_ACCESS)?;
+                Ok(MrPart {
+                    port: Arc::clone(port),
+                    mr: Arc::new(mr),
+                    cached: false,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MrHandle { parts, addr, len })
+    }
+}
+
+impl PortContext {
+    /// # Safety
+    /// As [`DeviceContext::register`].
+    unsafe fn register(self: &Arc<Self>, addr: u64, len: u64) -> Result<MrPart> {
         let start = addr & !(PAGE - 1);
         let end = addr.saturating_add(len.max(1)).div_ceil(PAGE) * PAGE;
         let mut cache = self.mrs.lock();
@@ -120,38 +167,10 @@ impl DeviceContext {
             });
             mr
         };
-        Ok(MrHandle {
-            ctx: Arc::clone(self),
+        Ok(MrPart {
+            port: Arc::clone(self),
             mr,
             cached: true,
-            addr,
-            len,
-        })
-    }
-
-    /// Register a DMA-BUF (`fd`, `offset`) whose memory NCCL addresses as `addr`. Not cached:
-    /// each call has its own registration (NCCL closes the fd right after the call).
-    ///
-    /// # Errors
-    /// `System` when `ibv_reg_dmabuf_mr` fails.
-    pub fn register_dmabuf(
-        self: &Arc<Self>,
-        addr: u64,
-        len: u64,
-        offset: u64,
-        fd: i32,
-    ) -> Result<MrHandle> {
-        let size = usize::try_from(len).map_err(|_| Error::misuse("registration too large"))?;
-        let mr = Arc::new(
-            self.pd
-                .register_dmabuf(offset, size, addr, fd, DATA_ACCESS)?,
-        );
-        Ok(MrHandle {
-            ctx: Arc::clone(self),
-            mr,
-            cached: false,
-            addr,
-            len,
         })
     }
 }

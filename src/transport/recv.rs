@@ -8,16 +8,18 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::DeviceContext;
+use super::PortContext;
+use super::conn::path_params;
 use super::conn::{
     CTS_RING_BYTES, CTS_SIGNAL_EVERY, Failure, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES,
     SIZES_SLOT_BYTES, WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV, check_peer, completion_error,
-    describe_local, describe_remote, local_hello, path_params,
+    describe_local, describe_remote, local_hello,
 };
 use super::mr::MrHandle;
 use super::wire_io::HandshakeStream;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::{Layout, RecvBuf, RecvSide, SLOTS};
-use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS};
+use crate::core::wire::{Cts, Endpoint, Hello, ListenHandle, MAX_RECVS};
 use crate::verbs::{
     Access, Completion, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair, RemoteEndpoint,
     WorkRequest,
@@ -52,7 +54,7 @@ impl ListenComm {
     /// # Errors
     /// `System` when the socket cannot be bound.
     pub fn new(ctx: Arc<DeviceContext>) -> Result<Self> {
-        let bind = SocketAddr::new(ctx.oob_ip, 0);
+        let bind = SocketAddr::new(ctx.oob_ip(), 0);
         let listener = TcpListener::bind(bind)
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
             .map_err(|e| Error::system(format!("cannot listen on {bind}"), e))?;
@@ -62,6 +64,7 @@ impl ListenComm {
         let handle = ListenHandle {
             addr,
             nonce: random_nonce(),
+            members: u8::try_from(ctx.ports.len()).unwrap_or(1),
         };
         Ok(Self {
             ctx,
@@ -166,30 +169,29 @@ impl ListenComm {
             flush_wrs,
         )?;
         // The sender chose traffic class and service level; use the same for the CTS direction.
-        let path = path_params(ctx, remote, remote.traffic_class, remote.service_level);
-        qps.connect(remote, &path)?;
+        qps.connect(ctx, remote, remote.traffic_class, remote.service_level)?;
+        let pds = ctx.pds();
         let sizes_ring = HostRegion::new(
-            &ctx.pd,
+            &pds,
             SIZES_RING_BYTES,
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
-        let cts_staging = HostRegion::new(&ctx.pd, CTS_RING_BYTES, Access::LOCAL_WRITE)?;
+        let cts_staging = HostRegion::new(&pds, CTS_RING_BYTES, Access::LOCAL_WRITE)?;
         let flush = if ctx.config.flush_enabled {
-            Some(FlushQp::new(ctx, &qps, &path)?)
+            ctx.ports
+                .iter()
+                .zip(&qps.cqs)
+                .map(|(port, cq)| FlushQp::new(port, cq, &ctx.config))
+                .collect::<Result<Vec<_>>>()?
         } else {
-            None
+            Vec::new()
         };
-        let hello = local_hello(
-            ctx,
-            &qps,
-            remote.nonce,
-            sizes_ring.addr(0),
-            sizes_ring.mr().rkey(),
-            remote.split_data,
-        );
+        let hello = local_hello(ctx, &qps, remote.nonce, &sizes_ring, remote.split_data);
         let layout = Layout {
             nqps: qps.qps.len(),
             split: remote.split_data,
+            local_members: ctx.ports.len(),
+            remote_members: remote.members.len(),
         };
         let local = describe_local(ctx);
         let remote_desc = describe_remote(remote, peer);
@@ -204,7 +206,7 @@ impl ListenComm {
             cts_staging,
             sizes_ring,
             remote_ring_addr: remote.ring_addr,
-            remote_ring_rkey: remote.ring_rkey,
+            remote_ring_rkeys: remote.members.iter().map(|m| m.ring_rkey).collect(),
             local,
             remote: remote_desc,
             state: Mutex::new(RecvState {
@@ -237,30 +239,47 @@ struct FlushQp {
 }
 
 impl FlushQp {
-    fn new(ctx: &DeviceContext, qps: &QpSet, path: &crate::verbs::PathParams) -> Result<Self> {
-        let qp = QueuePair::new(&ctx.pd, &qps.cq, RECV_QP_CAPS)?;
-        let port = u8::try_from(ctx.net.port).unwrap_or(1);
-        qp.to_init(port, Access::LOCAL_WRITE.with(Access::REMOTE_READ))?;
-        let own = RemoteEndpoint {
-            qpn: qp.qpn(),
-            lid: ctx.lid,
-            gid: ctx.gid.gid,
+    fn new(
+        port: &PortContext,
+        cq: &Arc<crate::verbs::CompletionQueue>,
+        config: &crate::core::config::Config,
+    ) -> Result<Self> {
+        let qp = QueuePair::new(&port.pd, cq, RECV_QP_CAPS)?;
+        qp.to_init(
+            port.port_num(),
+            Access::LOCAL_WRITE.with(Access::REMOTE_READ),
+        )?;
+        let own = Endpoint {
+            lid: port.lid,
+            port: port.port_num(),
+            mtu: port.mtu,
+            link_layer: port.link_layer,
+            roce_version: port.gid.roce_version.unwrap_or(0),
+            gid: port.gid.gid,
+            gid_index: port.gid.index,
+            ring_rkey: 0,
+            device: String::new(),
         };
-        let self_path = crate::verbs::PathParams {
-            mtu: ctx.mtu,
-            ..*path
-        };
-        qp.to_rtr(&own, &self_path)?;
-        qp.to_rts(&self_path)?;
-        let scratch = HostRegion::new(&ctx.pd, 64, Access::LOCAL_WRITE)?;
+        let path = path_params(port, config, &own, 0, 0);
+        qp.to_rtr(
+            &RemoteEndpoint {
+                qpn: qp.qpn(),
+                lid: own.lid,
+                gid: own.gid,
+            },
+            &path,
+        )?;
+        qp.to_rts(&path)?;
+        let scratch = HostRegion::new(std::slice::from_ref(&port.pd), 64, Access::LOCAL_WRITE)?;
         Ok(Self { qp, scratch })
     }
 }
 
+/// A flush in progress: how many members' reads are still outstanding.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum FlushSlot {
     Free,
-    Pending,
+    Pending(usize),
     Done,
 }
 
@@ -291,11 +310,12 @@ pub struct RecvTarget<'a> {
 pub struct RecvComm {
     ctx: Arc<DeviceContext>,
     qps: QpSet,
-    flush: Option<FlushQp>,
+    /// One loopback QP per member; empty when flushing is disabled.
+    flush: Vec<FlushQp>,
     cts_staging: HostRegion,
     sizes_ring: HostRegion,
     remote_ring_addr: u64,
-    remote_ring_rkey: u32,
+    remote_ring_rkeys: Vec<u32>,
     local: String,
     remote: String,
     state: Mutex<RecvState>,
@@ -323,20 +343,21 @@ impl RecvComm {
             .map(|t| RecvBuf {
                 addr: t.addr,
                 size: t.size,
-                rkey: t.mr.rkey(),
+                rkeys: t.mr.rkeys(),
                 tag: t.tag,
             })
             .collect();
         let mut st = self.state.lock();
         st.failed.check()?;
-        let Some((seq, cts)) = st.proto.irecv(&bufs)? else {
+        let Some((_, cts)) = st.proto.irecv(&bufs)? else {
             return Ok(None);
         };
         let layout = st.proto.layout();
         let result = (|| {
-            for q in layout.qps_for(seq) {
+            for q in cts.qps.clone() {
                 self.qps.qps[q].post_recv(WR_RECV)?;
             }
+            let cts_qp = cts.qps.start;
             let offset = cts.slot * MAX_RECVS * Cts::LEN;
             let bytes: Vec<u8> = cts.entries.iter().flat_map(Cts::emit).collect();
             self.cts_staging.write(offset, &bytes);
@@ -347,14 +368,14 @@ impl RecvComm {
                 op: Op::Write,
                 local_addr: self.cts_staging.addr(offset),
                 len: bytes.len() as u32,
-                lkey: self.cts_staging.mr().lkey(),
+                lkey: self.cts_staging.mr(layout.local_member(cts_qp)).lkey(),
                 remote_addr: self.remote_ring_addr + offset as u64,
-                rkey: self.remote_ring_rkey,
+                rkey: self.remote_ring_rkeys[layout.remote_member(cts_qp)],
                 signaled,
             };
             // SAFETY: the staging slot is rewritten only for message seq + SLOTS, which the
             // receiver posts after message seq completed, i.e. after the sender read this CTS.
-            unsafe { self.qps.qps[cts.qp].post_send(&[wr]) }
+            unsafe { self.qps.qps[cts_qp].post_send(&[wr]) }
         })();
         match result {
             Ok(()) => Ok(Some(cts.slot)),
@@ -362,15 +383,16 @@ impl RecvComm {
         }
     }
 
-    /// Make received data visible: one RDMA read of the last non-empty buffer through the flush
-    /// QP. `Ok(None)` when there is nothing to flush (NCCL treats that as done).
+    /// Make received data visible: one RDMA read of the last non-empty buffer through every
+    /// member's flush QP (the data may have arrived through any of them). `Ok(None)` when there
+    /// is nothing to flush (NCCL treats that as done).
     ///
     /// # Errors
     /// A failed comm's error; `Misuse` when more flushes are in flight than slots.
     pub fn iflush(&self, targets: &[(u64, u64, &MrHandle)]) -> Result<Option<usize>> {
-        let Some(flush) = &self.flush else {
+        if self.flush.is_empty() {
             return Ok(None);
-        };
+        }
         let Some(&(addr, _, mr)) = targets.iter().rev().find(|(_, size, _)| *size > 0) else {
             return Ok(None);
         };
@@ -381,22 +403,25 @@ impl RecvComm {
                 "more than {SLOTS} flushes in flight"
             )));
         };
-        let wr = WorkRequest {
-            wr_id: WR_FLUSH | k as u64,
-            op: Op::Read,
-            local_addr: flush.scratch.addr(0),
-            len: 1,
-            lkey: flush.scratch.mr().lkey(),
-            remote_addr: addr,
-            rkey: mr.rkey(),
-            signaled: true,
-        };
-        // SAFETY: the scratch region lives as long as the comm; the read source is a registered
-        // receive buffer NCCL keeps alive until this request completes.
-        if let Err(e) = unsafe { flush.qp.post_send(&[wr]) } {
-            return Err(st.failed.record(e));
+        let rkeys = mr.rkeys();
+        for (member, flush) in self.flush.iter().enumerate() {
+            let wr = WorkRequest {
+                wr_id: WR_FLUSH | k as u64,
+                op: Op::Read,
+                local_addr: flush.scratch.addr(0),
+                len: 1,
+                lkey: flush.scratch.mr(0).lkey(),
+                remote_addr: addr,
+                rkey: rkeys[member],
+                signaled: true,
+            };
+            // SAFETY: the scratch region lives as long as the comm; the read source is a
+            // registered receive buffer NCCL keeps alive until this request completes.
+            if let Err(e) = unsafe { flush.qp.post_send(&[wr]) } {
+                return Err(st.failed.record(e));
+            }
+            st.flushes[k] = FlushSlot::Pending(member + 1);
         }
-        st.flushes[k] = FlushSlot::Pending;
         Ok(Some(SLOTS + k))
     }
 
@@ -422,7 +447,7 @@ impl RecvComm {
                     st.flushes[k] = FlushSlot::Free;
                     Ok(Some(Vec::new()))
                 }
-                Some(FlushSlot::Pending) => Ok(None),
+                Some(FlushSlot::Pending(_)) => Ok(None),
                 _ => Err(Error::misuse(format!(
                     "test on flush request {k} that is not in flight"
                 ))),
@@ -445,10 +470,10 @@ impl RecvComm {
     }
 
     fn progress(&self, st: &mut RecvState) -> Result<()> {
-        self.qps.drain(|c| self.handle(st, c))
+        self.qps.drain(|member, c| self.handle(st, member, c))
     }
 
-    fn handle(&self, st: &mut RecvState, c: &Completion) -> Result<()> {
+    fn handle(&self, st: &mut RecvState, member: usize, c: &Completion) -> Result<()> {
         if !c.is_ok() {
             let e = completion_error(c, &self.local, &self.remote, st.completed_any);
             return Err(st.failed.record(e));
@@ -458,14 +483,17 @@ impl RecvComm {
                 st.completed_any = true;
                 let qp = self
                     .qps
-                    .index_of(c.qp_num)
+                    .index_of(member, c.qp_num)
                     .ok_or_else(|| Error::misuse("completion from an unknown QP"));
                 qp.and_then(|q| st.proto.handle_completion(q, c.imm.unwrap_or(0)))
             }
             WR_FLUSH => {
                 let k = usize::try_from(c.wr_id & WR_INDEX_MASK).unwrap_or(usize::MAX);
                 if let Some(f) = st.flushes.get_mut(k) {
-                    *f = FlushSlot::Done;
+                    *f = match *f {
+                        FlushSlot::Pending(n) if n > 1 => FlushSlot::Pending(n - 1),
+                        _ => FlushSlot::Done,
+                    };
                 }
                 Ok(())
             }

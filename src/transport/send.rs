@@ -10,8 +10,8 @@ use parking_lot::Mutex;
 use super::DeviceContext;
 use super::conn::{
     CTS_RING_BYTES, Failure, QpSet, SEND_QP_CAPS, SIZES_SLOT_BYTES, WR_DATA, WR_INDEX_MASK,
-    WR_SEND_DONE, check_peer, completion_error, describe_local, describe_remote, local_hello,
-    path_params,
+    WR_SEND_DONE, check_peer, completion_error, connection_qps, describe_local, describe_remote,
+    local_hello,
 };
 use super::mr::MrHandle;
 use super::wire_io::HandshakeStream;
@@ -91,8 +91,7 @@ impl Connecting {
                             &self.ctx,
                             &pending.qps,
                             self.handle.nonce,
-                            pending.cts_ring.addr(0),
-                            pending.cts_ring.mr().rkey(),
+                            &pending.cts_ring,
                             self.ctx.config.split_data_on_qps,
                         );
                         stream.queue(&hello.emit());
@@ -146,10 +145,10 @@ impl Connecting {
     }
 
     fn build(&self) -> Result<Pending> {
-        let nqps = self.ctx.config.qps_per_connection as usize;
+        let nqps = connection_qps(&self.ctx, usize::from(self.handle.members));
         let qps = QpSet::new(&self.ctx, nqps, SEND_QP_CAPS, Access::REMOTE_WRITE, 0)?;
         let cts_ring = HostRegion::new(
-            &self.ctx.pd,
+            &self.ctx.pds(),
             CTS_RING_BYTES,
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
@@ -159,18 +158,22 @@ impl Connecting {
     fn finish(&self, pending: Pending, remote: &Hello, peer: SocketAddr) -> Result<SendComm> {
         check_peer(&self.ctx, remote, peer)?;
         let config = &self.ctx.config;
-        let path = path_params(
+        pending.qps.connect(
             &self.ctx,
             remote,
             config.traffic_class,
             config.service_level,
-        );
-        pending.qps.connect(remote, &path)?;
-        let sizes_staging =
-            HostRegion::new(&self.ctx.pd, SLOTS * SIZES_SLOT_BYTES, Access::LOCAL_WRITE)?;
+        )?;
+        let sizes_staging = HostRegion::new(
+            &self.ctx.pds(),
+            SLOTS * SIZES_SLOT_BYTES,
+            Access::LOCAL_WRITE,
+        )?;
         let layout = Layout {
             nqps: pending.qps.qps.len(),
             split: config.split_data_on_qps,
+            local_members: self.ctx.ports.len(),
+            remote_members: remote.members.len(),
         };
         let local = describe_local(&self.ctx);
         let remote_desc = describe_remote(remote, peer);
@@ -184,7 +187,8 @@ impl Connecting {
             cts_ring: pending.cts_ring,
             sizes_staging,
             remote_sizes_addr: remote.ring_addr,
-            remote_sizes_rkey: remote.ring_rkey,
+            remote_sizes_rkeys: remote.members.iter().map(|m| m.ring_rkey).collect(),
+            layout,
             local,
             remote: remote_desc,
             state: Mutex::new(SendState {
@@ -212,7 +216,8 @@ pub struct SendComm {
     cts_ring: HostRegion,
     sizes_staging: HostRegion,
     remote_sizes_addr: u64,
-    remote_sizes_rkey: u32,
+    remote_sizes_rkeys: Vec<u32>,
+    layout: Layout,
     local: String,
     remote: String,
     state: Mutex<SendState>,
@@ -253,7 +258,7 @@ impl SendComm {
         let Some(accepted) = st.proto.isend(SendBuf {
             addr,
             size,
-            lkey: mr.lkey(),
+            lkeys: mr.lkeys(),
             tag,
         })?
         else {
@@ -370,10 +375,10 @@ impl SendComm {
                 let write = RdmaWrite {
                     qp,
                     local_addr: self.sizes_staging.addr(offset),
-                    lkey: self.sizes_staging.mr().lkey(),
+                    lkey: self.sizes_staging.mr(self.layout.local_member(qp)).lkey(),
                     len: SIZES_SLOT_BYTES as u64,
                     remote_addr: self.remote_sizes_addr + offset as u64,
-                    rkey: self.remote_sizes_rkey,
+                    rkey: self.remote_sizes_rkeys[self.layout.remote_member(qp)],
                 };
                 request(&write, WR_DATA, Op::Write, false)
             }
@@ -381,7 +386,7 @@ impl SendComm {
     }
 
     fn progress(&self, st: &mut SendState) -> Result<()> {
-        self.qps.drain(|c| self.handle(st, c))
+        self.qps.drain(|_, c| self.handle(st, c))
     }
 
     fn handle(&self, st: &mut SendState, c: &Completion) -> Result<()> {

@@ -225,12 +225,13 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Zeroed host memory owned by the plugin and registered on one PD: the control rings. The NIC
-/// may write it at any time, so Rust never forms references into it; every access is volatile.
+/// Zeroed host memory owned by the plugin and registered on one PD per member port of a device:
+/// the control rings. The NIC may write it at any time, so Rust never forms references into it;
+/// every access is volatile.
 #[derive(Debug)]
 pub struct HostRegion {
-    // Field order matters: the registration is dropped before the memory it covers.
-    mr: MemoryRegion,
+    // Field order matters: the registrations are dropped before the memory they cover.
+    mrs: Vec<MemoryRegion>,
     buf: AlignedBuf,
 }
 
@@ -240,20 +241,29 @@ unsafe impl Send for HostRegion {}
 unsafe impl Sync for HostRegion {}
 
 impl HostRegion {
-    /// Allocate `len` zeroed bytes and register them with `access`.
+    /// Allocate `len` zeroed bytes and register them with `access` on every PD in `pds`.
     ///
     /// # Errors
-    /// `System` when allocation or registration fails.
-    pub fn new(pd: &Arc<ProtectionDomain>, len: usize, access: Access) -> Result<Self> {
+    /// `System` when allocation or a registration fails.
+    pub fn new(pds: &[Arc<ProtectionDomain>], len: usize, access: Access) -> Result<Self> {
         let buf = AlignedBuf::new(len)?;
-        // SAFETY: `buf` outlives `mr` (field order); Rust code only touches it volatilely.
-        let mr = unsafe { pd.register(buf.ptr.as_ptr() as u64, buf.layout.size(), access) }?;
-        Ok(Self { mr, buf })
+        let mrs = pds
+            .iter()
+            .map(|pd| {
+                // SAFETY: `buf` outlives the registrations (field order); Rust code only touches
+                // it volatilely.
+                unsafe { pd.register(buf.ptr.as_ptr() as u64, buf.layout.size(), access) }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { mrs, buf })
     }
 
-    /// The registration.
-    pub fn mr(&self) -> &MemoryRegion {
-        &self.mr
+    /// The registration on the `member`-th PD.
+    ///
+    /// # Panics
+    /// When `member` is not below the number of PDs given to `new` (a caller bug).
+    pub fn mr(&self, member: usize) -> &MemoryRegion {
+        &self.mrs[member]
     }
 
     /// Address of byte `offset`.

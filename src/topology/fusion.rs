@@ -1,0 +1,275 @@
+//! Which ports become one fused NCCL device, and why. The ports of one NIC (the functions of one
+//! PCI device, or several ports of one function) fuse by default; an SR-IOV VF never fuses with
+//! its own PF; the VFs of one PF fuse only with `NCCL_IB_MERGE_VFS=1`; anything else (separate
+//! NICs, Soft-RoCE devices without a PCI parent) fuses only when listed in `NCCL_NET_RS_FUSE`.
+//! Every resulting device comes with one line saying why it is fused or alone.
+
+use std::path::Path;
+
+use super::{NetDevice, PciAddress};
+
+/// The knobs that steer fusion.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FusionPolicy {
+    /// `NCCL_IB_MERGE_NICS`: fusion allowed at all.
+    pub merge_nics: bool,
+    /// `NCCL_IB_MERGE_VFS`: VFs of one PF fuse.
+    pub merge_vfs: bool,
+    /// `NCCL_NET_RS_FUSE`: explicit groups of device names.
+    pub explicit: Vec<Vec<String>>,
+    /// Most members of one fused device.
+    pub max_members: usize,
+}
+
+/// One NCCL device: a single port, or several fused ports that carry its traffic together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VirtualDevice {
+    /// The member ports, in the order their QPs are striped; at least one.
+    pub members: Vec<NetDevice>,
+}
+
+impl VirtualDevice {
+    /// The name NCCL sees: the members' names joined by `+`.
+    pub fn name(&self) -> String {
+        let names: Vec<&str> = self.members.iter().map(|m| m.name.as_str()).collect();
+        names.join("+")
+    }
+
+    /// The first member, whose PCI path, GUID and port NCCL sees.
+    pub fn first(&self) -> &NetDevice {
+        &self.members[0]
+    }
+
+    /// Sum of the members' link speeds.
+    pub fn speed_mbps(&self) -> u32 {
+        self.members
+            .iter()
+            .fold(0u32, |sum, m| sum.saturating_add(m.speed_mbps))
+    }
+
+    /// Connections the device can hold: the smallest member's limit.
+    pub fn max_comms(&self) -> u32 {
+        self.members.iter().map(|m| m.max_comms).min().unwrap_or(0)
+    }
+
+    /// The PCI path NCCL places the device by: the first member's.
+    pub fn pci_path(&self) -> Option<&Path> {
+        self.first().pci_path.as_deref()
+    }
+}
+
+/// The devices NCCL will see, in index order, with one decision line per device and one per
+/// refused explicit fusion.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fusion {
+    /// The devices; index = NCCL device number.
+    pub devices: Vec<VirtualDevice>,
+    /// `"fused a+b: <reason>"`, `"a not fused: <reason>"`, `"fusion a+b refused: <reason>"`.
+    pub decisions: Vec<String>,
+}
+
+/// How the automatic policy sees a port.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Family {
+    /// No PCI parent: only explicit fusion.
+    Virtual,
+    /// A PF (or a VF whose PF is not visible): fuses with the other functions of its slot.
+    Slot(u32, u8, u8),
+    /// A VF: fuses with its sibling VFs when asked.
+    VfsOf(PciAddress),
+}
+
+fn family(d: &NetDevice) -> Family {
+    match &d.pci {
+        None => Family::Virtual,
+        Some(f) => match f.physfn {
+            Some(pf) => Family::VfsOf(pf),
+            None => {
+                let (domain, bus, device) = f.address.slot();
+                Family::Slot(domain, bus, device)
+            }
+        },
+    }
+}
+
+/// A reason the members may not be fused, if any.
+fn refusal(members: &[&NetDevice], policy: &FusionPolicy) -> Option<String> {
+    if !policy.merge_nics {
+        return Some("NCCL_IB_MERGE_NICS=0 turns fusion off".to_owned());
+    }
+    if members.len() > policy.max_members {
+        return Some(format!(
+            "{} ports, more than the {} one device may fuse",
+            members.len(),
+            policy.max_members
+        ));
+    }
+    let first = members[0];
+    if let Some(other) = members.iter().find(|m| m.link_layer != first.link_layer) {
+        return Some(format!(
+            "{} is {} but {} is {}; fused ports must share a link layer",
+            first.name, first.link_layer, other.name, other.link_layer
+        ));
+    }
+    for vf in members {
+        let Some(pf) = vf.pci.as_ref().and_then(|f| f.physfn) else {
+            continue;
+        };
+        if let Some(own) = members
+            .iter()
+            .find(|m| m.pci.as_ref().is_some_and(|f| f.address == pf))
+        {
+            return Some(format!(
+                "{} is a VF of {pf}, which is {}; a VF never fuses with its own PF (they share \
+                 one port)",
+                vf.name, own.name
+            ));
+        }
+    }
+    None
+}
+
+/// Why a port with no partner stays alone.
+fn alone_reason(d: &NetDevice, all: &[NetDevice], policy: &FusionPolicy) -> String {
+    match (family(d), &d.pci) {
+        (Family::Virtual, _) => "no PCI parent (Soft-RoCE or a virtual device); fuse it by \
+                                 listing it in NCCL_NET_RS_FUSE"
+            .to_owned(),
+        (Family::VfsOf(pf), _) => {
+            if let Some(own) = all
+                .iter()
+                .find(|m| m.pci.as_ref().is_some_and(|f| f.address == pf))
+            {
+                format!(
+                    "VF of {pf}, which is {}; a VF never fuses with its own PF (they share one port)",
+                    own.name
+                )
+            } else if !policy.merge_vfs
+                && all
+                    .iter()
+                    .any(|m| m.name != d.name && family(m) == Family::VfsOf(pf))
+            {
+                format!("VFs of {pf} fuse only with NCCL_IB_MERGE_VFS=1")
+            } else {
+                format!("the only visible VF of {pf}")
+            }
+        }
+        (Family::Slot(..), Some(f)) => format!(
+            "the only port of PCI device {} (separate NICs fuse only when listed in NCCL_NET_RS_FUSE)",
+            f.address.slot_name()
+        ),
+        (Family::Slot(..), None) => unreachable!("a slot family has a PCI function"),
+    }
+}
+
+/// Group `devices` (already in NCCL index order) into virtual devices.
+pub fn fuse(devices: Vec<NetDevice>, policy: &FusionPolicy) -> Fusion {
+    let mut decisions = Vec::new();
+    // Group ids per device; a group is placed where its first member was.
+    let mut group_of: Vec<Option<usize>> = vec![None; devices.len()];
+    let mut groups: Vec<(Vec<usize>, String)> = Vec::new();
+
+    for wanted in &policy.explicit {
+        let label = wanted.join("+");
+        let found: Result<Vec<usize>, String> = wanted
+            .iter()
+            .map(|name| {
+                let i = devices
+                    .iter()
+                    .position(|d| &d.name == name)
+                    .ok_or_else(|| {
+                        format!("{name} is not an active port selected by NCCL_IB_HCA")
+                    })?;
+                match group_of[i] {
+                    Some(_) => Err(format!("{name} is already fused")),
+                    None => Ok(i),
+                }
+            })
+            .collect();
+        let members = match found {
+            Ok(m) => m,
+            Err(why) => {
+                decisions.push(format!("fusion {label} refused: {why}"));
+                continue;
+            }
+        };
+        let refs: Vec<&NetDevice> = members.iter().map(|&i| &devices[i]).collect();
+        if let Some(why) = refusal(&refs, policy) {
+            decisions.push(format!("fusion {label} refused: {why}"));
+            continue;
+        }
+        for &i in &members {
+            group_of[i] = Some(groups.len());
+        }
+        groups.push((members, "listed in NCCL_NET_RS_FUSE".to_owned()));
+    }
+
+    for i in 0..devices.len() {
+        if group_of[i].is_some() {
+            continue;
+        }
+        let fam = family(&devices[i]);
+        let auto = match &fam {
+            Family::Virtual => false,
+            Family::Slot(..) => true,
+            Family::VfsOf(_) => policy.merge_vfs,
+        };
+        let mut members = vec![i];
+        if auto {
+            members.extend(
+                (i + 1..devices.len())
+                    .filter(|&j| group_of[j].is_none() && family(&devices[j]) == fam),
+            );
+        }
+        if members.len() == 1 {
+            group_of[i] = Some(groups.len());
+            groups.push((
+                members,
+                format!("not fused: {}", alone_reason(&devices[i], &devices, policy)),
+            ));
+            continue;
+        }
+        let refs: Vec<&NetDevice> = members.iter().map(|&j| &devices[j]).collect();
+        if let Some(why) = refusal(&refs, policy) {
+            let names: Vec<&str> = refs.iter().map(|d| d.name.as_str()).collect();
+            let reason = format!("not fused with {}: {why}", names.join("+"));
+            for j in members {
+                group_of[j] = Some(groups.len());
+                groups.push((vec![j], reason.clone()));
+            }
+            continue;
+        }
+        let reason = match (&fam, devices[i].pci.as_ref()) {
+            (Family::VfsOf(pf), _) => format!("VFs of {pf}, NCCL_IB_MERGE_VFS=1"),
+            (_, Some(f)) => format!("ports of one NIC (PCI device {})", f.address.slot_name()),
+            (_, None) => unreachable!("only PCI functions fuse automatically"),
+        };
+        for &j in &members {
+            group_of[j] = Some(groups.len());
+        }
+        groups.push((members, reason));
+    }
+
+    // Order groups by their first member's position.
+    groups.sort_by_key(|(members, _)| members.iter().copied().min());
+    let mut slots: Vec<Option<NetDevice>> = devices.into_iter().map(Some).collect();
+    let mut fusion = Fusion {
+        devices: Vec::new(),
+        decisions,
+    };
+    for (members, reason) in groups {
+        let members: Vec<NetDevice> = members.iter().filter_map(|&i| slots[i].take()).collect();
+        let device = VirtualDevice { members };
+        fusion.decisions.push(if device.members.len() > 1 {
+            format!(
+                "fused {} ({} Mbps): {reason}",
+                device.name(),
+                device.speed_mbps()
+            )
+        } else {
+            format!("{} {reason}", device.name())
+        });
+        fusion.devices.push(device);
+    }
+    fusion
+}
