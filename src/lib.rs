@@ -8,10 +8,12 @@
 //!   with fixture trees.
 //! - [`verbs`]: RAII owners of libibverbs objects; the only module that names `rdma_sys`.
 //! - [`core`]: configuration and errors; no I/O.
+//! - [`cuda`]: the CUDA driver loaded at run time (pointer kinds, DMA-BUF export), never required.
 //! - [`log`]: `tracing` events delivered to NCCL's logger (or stderr).
 
 pub mod abi;
 pub mod core;
+pub mod cuda;
 pub mod log;
 pub mod plugin;
 pub mod topology;

@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use once_cell::sync::OnceCell;
 
-use crate::core::config::Config;
-use crate::core::config::MAX_FUSED_MEMBERS;
+use crate::core::config::{Config, MAX_FUSED_MEMBERS};
 use crate::core::error::{Error, Result};
 use crate::log::{self, INIT_TARGET};
+pub use crate::topology::MemorySupport;
 use crate::topology::{
-    FusionPolicy, HcaFilter, Selection, SysfsRoot, VirtualDevice, fuse, select_devices,
+    DmaBuf, FusionPolicy, HcaFilter, PeerMem, RelaxedOrderingInputs, Selection, SysfsRoot,
+    VirtualDevice, detect_hypervisor, fuse, gdr_verdict, relaxed_ordering, select_devices,
 };
 use crate::transport::DeviceContext;
 use crate::verbs::{self, Discovery};
@@ -21,17 +22,6 @@ pub const PLUGIN_NAME: &str = "RsIB";
 
 /// Largest `n` accepted by a grouped `irecv` (NCCL's own IB transport uses 8).
 pub const MAX_GROUPED_RECVS: u32 = 8;
-
-/// Which memory the devices can register.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct MemorySupport {
-    /// Host memory.
-    pub host: bool,
-    /// CUDA memory through a peer-memory module.
-    pub cuda: bool,
-    /// CUDA memory through DMA-BUF.
-    pub dmabuf: bool,
-}
 
 /// One NCCL device with the C strings its properties point at (they live as long as the process,
 /// as NCCL requires).
@@ -45,6 +35,8 @@ pub struct Device {
     pub c_pci_path: Option<CString>,
     /// Memory this device can register.
     pub memory: MemorySupport,
+    /// Per member: data registrations carry relaxed ordering.
+    pub relaxed_ordering: Vec<bool>,
     context: OnceCell<Arc<DeviceContext>>,
 }
 
@@ -116,7 +108,12 @@ impl Plugin {
     pub fn context(&self, index: i32) -> Result<&Arc<DeviceContext>> {
         let device = self.device(index)?;
         device.context.get_or_try_init(|| {
-            DeviceContext::open(&device.virt, &self.config, &SysfsRoot::default())
+            DeviceContext::open(
+                &device.virt,
+                &device.relaxed_ordering,
+                &self.config,
+                &SysfsRoot::default(),
+            )
         })
     }
 
@@ -135,7 +132,12 @@ impl Plugin {
                 for decision in &fusion.decisions {
                     tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: fusion: {decision}");
                 }
-                fusion.devices.into_iter().map(Device::new).collect()
+                let gpu = GpuContext::probe(sysfs);
+                fusion
+                    .devices
+                    .into_iter()
+                    .map(|virt| Device::new(virt, &gpu, &config))
+                    .collect()
             }
             Err(why) => {
                 tracing::warn!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: 0 devices: {why}");
@@ -184,8 +186,15 @@ impl Plugin {
                     .iter()
                     .map(|n| format!("{}:{}", n.device, n.port))
                     .collect();
+                let m = d.memory;
+                let memory = [(m.host, "host"), (m.cuda, "cuda"), (m.dmabuf, "dmabuf")]
+                    .iter()
+                    .filter(|(on, _)| *on)
+                    .map(|(_, name)| *name)
+                    .collect::<Vec<_>>()
+                    .join("+");
                 format!(
-                    "[{i}]{}/{} {}Mbps",
+                    "[{i}]{}/{} {}Mbps {memory}",
                     ports.join("+"),
                     d.virt.first().link_layer,
                     d.virt.speed_mbps()
@@ -194,7 +203,7 @@ impl Plugin {
             .collect();
         tracing::info!(
             target: INIT_TARGET,
-            "NET/{PLUGIN_NAME} {} {} (ncclNet v8): using {}; GPUDirect RDMA: not probed, host memory only",
+            "NET/{PLUGIN_NAME} {} {} (ncclNet v8): using {}",
             env!("CARGO_PKG_NAME"),
             env!("CARGO_PKG_VERSION"),
             list.join(" ")
@@ -202,23 +211,83 @@ impl Plugin {
     }
 }
 
+/// What GPUDirect RDMA and relaxed ordering depend on beyond the device itself, probed once.
+struct GpuContext {
+    cuda: std::result::Result<(), String>,
+    peermem: PeerMem,
+    hypervisor: Option<String>,
+    reg_mr_iova2: bool,
+}
+
+impl GpuContext {
+    fn probe(sysfs: &SysfsRoot) -> Self {
+        let cuda = crate::cuda::driver().map_err(|e| e.to_string());
+        if let Err(why) = &cuda {
+            tracing::info!(
+                target: INIT_TARGET,
+                "NET/{PLUGIN_NAME}: no CUDA driver ({why}): every device registers host memory only"
+            );
+        }
+        let read = |path: &str| std::fs::read_to_string(path).ok();
+        Self {
+            cuda,
+            peermem: PeerMem::detect(sysfs, read("/proc/modules").as_deref()),
+            hypervisor: detect_hypervisor(sysfs, read("/proc/cpuinfo").as_deref()),
+            reg_mr_iova2: verbs::reg_mr_iova2_available(),
+        }
+    }
+}
+
+/// Probe DMA-BUF registration on every member: the device supports it when all members do.
+fn probe_dmabuf(virt: &VirtualDevice, config: &Config) -> DmaBuf {
+    if !config.dmabuf_enabled {
+        return DmaBuf::Disabled;
+    }
+    for member in &virt.members {
+        let probed = verbs::Device::open(&member.device)
+            .and_then(|device| verbs::ProtectionDomain::new(&device))
+            .map_err(|e| e.to_string())
+            .and_then(|pd| {
+                pd.probe_dmabuf()
+                    .map_err(|e| format!("ibv_reg_dmabuf_mr: {e}"))
+            });
+        if let Err(why) = probed {
+            return DmaBuf::Unsupported(format!("{}: {why}", member.name));
+        }
+    }
+    DmaBuf::Supported
+}
+
 impl Device {
-    fn new(virt: VirtualDevice) -> Self {
+    fn new(virt: VirtualDevice, gpu: &GpuContext, config: &Config) -> Self {
         // Device names and sysfs paths never contain NUL; a name that did would be unusable anyway.
         let c_name = CString::new(virt.name()).unwrap_or_default();
         let c_pci_path = virt
             .pci_path()
             .and_then(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok());
-        let memory = MemorySupport {
-            host: true,
-            cuda: false,
-            dmabuf: false,
-        };
+        let dmabuf = probe_dmabuf(&virt, config);
+        let (memory, line) = gdr_verdict(&virt.name(), gpu.cuda.clone(), &gpu.peermem, &dmabuf);
+        tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: {line}");
+        let relaxed_ordering = virt
+            .members
+            .iter()
+            .map(|member| {
+                let (on, line) = relaxed_ordering(&RelaxedOrderingInputs {
+                    setting: config.relaxed_ordering,
+                    is_vf: member.pci.as_ref().is_some_and(|f| f.is_vf()),
+                    hypervisor: gpu.hypervisor.clone(),
+                    reg_mr_iova2: gpu.reg_mr_iova2,
+                });
+                tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: {}: {line}", member.name);
+                on
+            })
+            .collect();
         Self {
             virt,
             c_name,
             c_pci_path,
             memory,
+            relaxed_ordering,
             context: OnceCell::new(),
         }
     }

@@ -497,6 +497,78 @@ fn fused_against_unfused(cx: &mut Cx) {
     both_ways_over(cx, expected, &["rxe1", "rxe2"], 1000);
 }
 
+/// The registrations the LD_PRELOAD shim recorded for this process: (verb, access, refused).
+fn recorded_registrations() -> Vec<(String, u32, bool)> {
+    let path = std::env::var("RSIB_REG_LOG").expect("scenario runs with the registration shim");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .lines()
+        .map(|l| {
+            let mut words = l.split_whitespace();
+            let verb = words.next().unwrap().to_owned();
+            let access = words.next().unwrap().strip_prefix("access=0x").unwrap();
+            let access = u32::from_str_radix(access, 16).unwrap();
+            (verb, access, words.next() == Some("refused"))
+        })
+        .collect()
+}
+
+const ACCESS_RELAXED_ORDERING: u32 = 1 << 20;
+const ACCESS_REMOTE_WRITE: u32 = 2;
+
+/// A verified transfer, then what the registrations looked like. Data buffers are registered
+/// with remote write and remote read; control rings without remote read.
+fn transfer_and_record(cx: &mut Cx) -> (Vec<u32>, Vec<u32>, usize) {
+    transfer_sizes(cx);
+    let all = recorded_registrations();
+    let refused = all.iter().filter(|r| r.2).count();
+    let (data, control): (Vec<_>, Vec<_>) = all
+        .iter()
+        .filter(|r| !r.2)
+        .map(|r| r.1)
+        .partition(|access| access & 4 != 0 && access & ACCESS_REMOTE_WRITE != 0);
+    println!(
+        "NOTE {} data and {} control registrations, {refused} refused",
+        data.len(),
+        control.len()
+    );
+    assert!(!data.is_empty() && !control.is_empty(), "{all:?}");
+    assert!(
+        control.iter().all(|a| a & ACCESS_RELAXED_ORDERING == 0),
+        "control rings never use relaxed ordering: {all:?}"
+    );
+    (data, control, refused)
+}
+
+fn relaxed_ordering_on_data_only(cx: &mut Cx) {
+    let (data, _, refused) = transfer_and_record(cx);
+    assert_eq!(refused, 0);
+    assert!(
+        data.iter().all(|a| a & ACCESS_RELAXED_ORDERING != 0),
+        "every data registration asks for relaxed ordering: {data:x?}"
+    );
+    println!("EXPECT_STDERR rxe0: relaxed ordering on: under a hypervisor");
+}
+
+fn relaxed_ordering_off(cx: &mut Cx) {
+    let (data, _, _) = transfer_and_record(cx);
+    assert!(
+        data.iter().all(|a| a & ACCESS_RELAXED_ORDERING == 0),
+        "NCCL_IB_PCI_RELAXED_ORDERING=0: no registration asks for it: {data:x?}"
+    );
+    println!("EXPECT_STDERR rxe0: relaxed ordering off: turned off");
+}
+
+fn relaxed_ordering_refused_falls_back_once(cx: &mut Cx) {
+    let (data, _, refused) = transfer_and_record(cx);
+    assert_eq!(refused, 1, "one refusal, then the port stops asking");
+    assert!(
+        data.iter().all(|a| a & ACCESS_RELAXED_ORDERING == 0),
+        "after the refusal, data registrations go without the flag: {data:x?}"
+    );
+    println!("EXPECT_STDERR rxe0: registration with relaxed ordering refused");
+}
+
 /// Open fds, and this process's PDs, CQs, QPs and MRs as `rdma resource` lists them.
 fn resource_counts() -> Vec<(String, usize)> {
     let pid = format!("pid {} ", std::process::id());
@@ -818,6 +890,9 @@ const FUSE01_SPLIT4: &[(&str, &str)] = &[
     ("NCCL_IB_SPLIT_DATA_ON_QPS", "1"),
 ];
 
+/// Runs the ranks under the registration-recording shim (see `run_scenario`).
+const REG_SHIM: (&str, &str) = ("RSIB_REG_SHIM", "1");
+
 const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "transfer_sizes_0b_to_16mib_verified",
@@ -970,6 +1045,34 @@ const SCENARIOS: &[Scenario] = &[
         run: flush_after_receive,
         env: &[FUSE01],
     },
+    // Relaxed ordering, observed through an LD_PRELOAD shim over libibverbs. The VM is a
+    // hypervisor guest, so the default (auto) turns it on.
+    Scenario {
+        name: "relaxed_ordering_on_data_registrations_only",
+        ranks: 2,
+        run: relaxed_ordering_on_data_only,
+        env: &[&[REG_SHIM, ("NCCL_DEBUG", "INFO")]],
+    },
+    Scenario {
+        name: "relaxed_ordering_off_by_variable",
+        ranks: 2,
+        run: relaxed_ordering_off,
+        env: &[&[
+            REG_SHIM,
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_IB_PCI_RELAXED_ORDERING", "0"),
+        ]],
+    },
+    Scenario {
+        name: "relaxed_ordering_refused_falls_back_once",
+        ranks: 2,
+        run: relaxed_ordering_refused_falls_back_once,
+        env: &[&[
+            REG_SHIM,
+            ("RSIB_REFUSE_RO", "1"),
+            ("NCCL_IB_PCI_RELAXED_ORDERING", "1"),
+        ]],
+    },
     Scenario {
         name: "thousand_connect_transfer_close_cycles",
         ranks: 2,
@@ -977,6 +1080,19 @@ const SCENARIOS: &[Scenario] = &[
         env: &[],
     },
 ];
+
+/// The registration-recording shim, compiled once.
+fn reg_shim() -> std::path::PathBuf {
+    static SHIM: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    SHIM.get_or_init(|| {
+        support::compile_c(
+            &support::repo_root().join("tests/c_host/reg_shim.c"),
+            "libreg_shim.so",
+            &["-shared", "-fPIC", "-ldl"],
+        )
+    })
+    .clone()
+}
 
 fn child(name: &str, rank: usize, ranks: usize) {
     let scenario = SCENARIOS
@@ -1016,21 +1132,26 @@ fn run_scenario(s: &Scenario) -> Result<(), String> {
                 .or_else(|| s.env.first())
                 .copied()
                 .unwrap_or(&[]);
-            Command::new(&exe)
-                .args([
-                    "--role",
-                    s.name,
-                    "--rank",
-                    &rank.to_string(),
-                    "--ranks",
-                    &s.ranks.to_string(),
-                ])
-                .envs(env.iter().copied())
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+            let mut cmd = Command::new(&exe);
+            if env.contains(&REG_SHIM) {
+                let log = std::env::temp_dir().join(format!("rsib-reg-{}-{rank}.log", s.name));
+                let _ = std::fs::remove_file(&log);
+                cmd.env("LD_PRELOAD", reg_shim()).env("RSIB_REG_LOG", log);
+            }
+            cmd.args([
+                "--role",
+                s.name,
+                "--rank",
+                &rank.to_string(),
+                "--ranks",
+                &s.ranks.to_string(),
+            ])
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
         })
         .collect();
     let stdins: Vec<Arc<Mutex<std::process::ChildStdin>>> = children

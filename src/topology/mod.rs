@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 mod fusion;
+mod gdr;
 mod gid;
 mod hca_filter;
 mod link;
@@ -15,6 +16,10 @@ mod select;
 mod sysfs;
 
 pub use fusion::{Fusion, FusionPolicy, VirtualDevice, fuse};
+pub use gdr::{
+    DmaBuf, MemorySupport, PeerMem, RelaxedOrderingInputs, detect_hypervisor, gdr_verdict,
+    relaxed_ordering,
+};
 pub use gid::{GidEntry, parse_gid, parse_roce_version, select_gid};
 pub use hca_filter::HcaFilter;
 pub use link::{LinkLayer, link_speed_mbps};

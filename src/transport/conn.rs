@@ -216,11 +216,12 @@ fn describe_port(port: &PortContext) -> String {
     )
 }
 
-fn describe_endpoint(peer: &Endpoint) -> String {
+/// `"rxe0 at 127.0.0.1:4242 GID index 1 ..."`: one member of the peer's device.
+fn describe_endpoint(member: &Endpoint, peer: SocketAddr) -> String {
     format!(
-        "{} {}",
-        peer.device,
-        describe_gid(&peer.gid, peer.gid_index, peer.roce_version)
+        "{} at {peer} {}",
+        member.device,
+        describe_gid(&member.gid, member.gid_index, member.roce_version)
     )
 }
 
@@ -233,8 +234,12 @@ pub(super) fn describe_local(ctx: &DeviceContext) -> String {
 
 /// The same for the peer, with its address.
 pub(super) fn describe_remote(remote: &Hello, peer: SocketAddr) -> String {
-    let members: Vec<String> = remote.members.iter().map(describe_endpoint).collect();
-    format!("{} at {peer}", members.join(" + "))
+    let members: Vec<String> = remote
+        .members
+        .iter()
+        .map(|m| describe_endpoint(m, peer))
+        .collect();
+    members.join(" + ")
 }
 
 /// QPs a connection between `ctx` and a device of `remote_members` ports has.
@@ -257,19 +262,18 @@ pub(super) fn check_peer(ctx: &DeviceContext, remote: &Hello, peer: SocketAddr) 
     for rail in 0..rails {
         let port = &ctx.ports[rail % ctx.ports.len()];
         let member = &remote.members[rail % remote.members.len()];
-        check_member(port, member, || describe_remote(remote, peer))?;
+        check_member(port, member, peer)?;
     }
     Ok(())
 }
 
-fn check_member(port: &PortContext, member: &Endpoint, remote: impl Fn() -> String) -> Result<()> {
+fn check_member(port: &PortContext, member: &Endpoint, peer: SocketAddr) -> Result<()> {
     if member.link_layer != port.link_layer {
         return Err(Error::config(format!(
-            "link layers differ: {} is {} but {} ({}) is {}",
+            "link layers differ: {} is {} but {} is {}",
             port.name(),
             link_layer_name(port.link_layer),
-            member.device,
-            remote(),
+            describe_endpoint(member, peer),
             link_layer_name(member.link_layer)
         )));
     }
@@ -279,11 +283,10 @@ fn check_member(port: &PortContext, member: &Endpoint, remote: impl Fn() -> Stri
         let local_version = port.gid.roce_version.unwrap_or(0);
         if local_v4 != remote_v4 || local_version != member.roce_version {
             return Err(Error::config(format!(
-                "GID mismatch: local {} vs remote {} ({}): both sides must use the same address \
+                "GID mismatch: local {} vs remote {}: both sides must use the same address \
                  family and RoCE version (NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ROCE_VERSION_NUM)",
                 describe_port(port),
-                describe_endpoint(member),
-                remote()
+                describe_endpoint(member, peer)
             )));
         }
     }

@@ -5,6 +5,7 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use parking_lot::Mutex;
 
@@ -26,15 +27,25 @@ pub struct DeviceContext {
 }
 
 impl DeviceContext {
-    /// Open every member of `device`.
+    /// Open every member of `device`; `relaxed_ordering[i]` says whether member `i`'s data
+    /// registrations carry relaxed ordering.
     ///
     /// # Errors
     /// As [`PortContext::open`], for the first member that fails.
-    pub fn open(device: &VirtualDevice, config: &Config, sysfs: &SysfsRoot) -> Result<Arc<Self>> {
+    pub fn open(
+        device: &VirtualDevice,
+        relaxed_ordering: &[bool],
+        config: &Config,
+        sysfs: &SysfsRoot,
+    ) -> Result<Arc<Self>> {
         let ports = device
             .members
             .iter()
-            .map(|m| PortContext::open(m, config, sysfs).map(Arc::new))
+            .enumerate()
+            .map(|(i, m)| {
+                let relaxed = relaxed_ordering.get(i).copied().unwrap_or(false);
+                PortContext::open(m, relaxed, config, sysfs).map(Arc::new)
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Arc::new(Self {
             name: device.name(),
@@ -72,6 +83,8 @@ pub struct PortContext {
     /// Address the out-of-band listener binds when this port is a device's first member.
     pub oob_ip: IpAddr,
     pub(super) mrs: Mutex<MrCache>,
+    /// Data registrations carry relaxed ordering; cleared for good when the driver refuses it.
+    pub(super) relaxed_ordering: AtomicBool,
 }
 
 impl PortContext {
@@ -80,7 +93,12 @@ impl PortContext {
     /// # Errors
     /// `System` when the device or PD cannot be opened, `Config` when no GID or out-of-band
     /// address can be chosen.
-    pub fn open(net: &NetDevice, config: &Config, sysfs: &SysfsRoot) -> Result<Self> {
+    pub fn open(
+        net: &NetDevice,
+        relaxed_ordering: bool,
+        config: &Config,
+        sysfs: &SysfsRoot,
+    ) -> Result<Self> {
         let device = Device::open(&net.device)?;
         let pd = ProtectionDomain::new(&device)?;
         let port = device.port_state(net.port)?;
@@ -125,6 +143,7 @@ impl PortContext {
             link_layer: port.link_layer,
             oob_ip,
             mrs: Mutex::new(MrCache::default()),
+            relaxed_ordering: AtomicBool::new(relaxed_ordering),
         })
     }
 

@@ -4,6 +4,7 @@
 #![allow(unsafe_code)] // registers NCCL memory (see the transport module doc)
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::{DeviceContext, PortContext};
 use crate::core::config::MAX_FUSED_MEMBERS;
@@ -141,6 +142,34 @@ impl DeviceContext {
 }
 
 impl PortContext {
+    /// Run `register` with the data access rights, plus relaxed ordering when this port uses
+    /// it. A driver that refuses the flag gets the registration again without it, and the port
+    /// stops asking (said once, as a warning: data then moves with strict ordering).
+    fn with_data_access(
+        &self,
+        mut register: impl FnMut(Access) -> Result<MemoryRegion>,
+    ) -> Result<MemoryRegion> {
+        if !self.relaxed_ordering.load(Ordering::Relaxed) {
+            return register(DATA_ACCESS);
+        }
+        match register(DATA_ACCESS.with(Access::RELAXED_ORDERING)) {
+            Ok(mr) => Ok(mr),
+            Err(refused) => {
+                let mr = register(DATA_ACCESS)?;
+                if self.relaxed_ordering.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(
+                        target: crate::log::INIT_TARGET,
+                        "NET/{}: {}: registration with relaxed ordering refused ({refused}); \
+                         registering without it from now on",
+                        crate::plugin::PLUGIN_NAME,
+                        self.net.name
+                    );
+                }
+                Ok(mr)
+            }
+        }
+    }
+
     /// # Safety
     /// As [`DeviceContext::register`].
     unsafe fn register(self: &Arc<Self>, addr: u64, len: u64) -> Result<MrPart> {
@@ -157,8 +186,10 @@ impl PortContext {
         } else {
             let size = usize::try_from(end - start)
                 .map_err(|_| Error::misuse("registration too large"))?;
-            // SAFETY: the pages stay mapped per this function's contract.
-            let mr = Arc::new(unsafe { self.pd.register(start, size, DATA_ACCESS) }?);
+            let mr = Arc::new(self.with_data_access(|access| {
+                // SAFETY: the pages stay mapped per this function's contract.
+                unsafe { self.pd.register(start, size, access) }
+            })?);
             cache.entries.push(CacheEntry {
                 start,
                 end,

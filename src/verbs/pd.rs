@@ -22,15 +22,52 @@ impl Access {
     pub const REMOTE_WRITE: Self = Self(2);
     /// Peers (and the flush QP) may RDMA-read this memory.
     pub const REMOTE_READ: Self = Self(4);
+    /// The NIC may reorder its PCIe writes into this memory (`IBV_ACCESS_RELAXED_ORDERING`, an
+    /// optional flag: drivers that cannot honour it ignore it, registration goes through
+    /// `ibv_reg_mr_iova2`).
+    pub const RELAXED_ORDERING: Self = Self(1 << 20);
 
     /// Both sets of rights.
     pub const fn with(self, other: Self) -> Self {
         Self(self.0 | other.0)
     }
 
+    /// These rights without `other`'s.
+    pub const fn without(self, other: Self) -> Self {
+        Self(self.0 & !other.0)
+    }
+
+    /// True when every right of `other` is included.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+
     pub(super) fn bits(self) -> u32 {
         self.0
     }
+}
+
+type RegMrIova2 = unsafe extern "C" fn(
+    *mut sys::ibv_pd,
+    *mut libc::c_void,
+    usize,
+    u64,
+    libc::c_uint,
+) -> *mut sys::ibv_mr;
+
+/// `ibv_reg_mr_iova2` (IBVERBS_1.8), looked up by name so the plugin still loads with an older
+/// libibverbs and simply registers without relaxed ordering there.
+static REG_MR_IOVA2: once_cell::sync::Lazy<Option<RegMrIova2>> = once_cell::sync::Lazy::new(|| {
+    // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches the loaded libraries.
+    let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"ibv_reg_mr_iova2".as_ptr()) };
+    // SAFETY: the symbol, when present, is libibverbs' function with this signature.
+    (!symbol.is_null())
+        .then(|| unsafe { std::mem::transmute::<*mut libc::c_void, RegMrIova2>(symbol) })
+});
+
+/// True when the loaded libibverbs has `ibv_reg_mr_iova2`, the entry relaxed ordering needs.
+pub fn reg_mr_iova2_available() -> bool {
+    REG_MR_IOVA2.is_some()
 }
 
 /// A protection domain; memory regions and QPs keep it alive.
@@ -80,19 +117,64 @@ impl ProtectionDomain {
     /// `addr..addr + len` must stay mapped until the returned region is dropped, and the caller
     /// must not let the NIC write memory that Rust code holds references to.
     ///
+    /// With [`Access::RELAXED_ORDERING`] the registration goes through `ibv_reg_mr_iova2`
+    /// (the only entry that carries optional flags), which must then exist
+    /// ([`reg_mr_iova2_available`]).
+    ///
     /// # Errors
-    /// `System` when `ibv_reg_mr` fails (e.g. ENOMEM: locked-memory limit; EFAULT: bad range).
+    /// `System` when the registration fails (e.g. ENOMEM: locked-memory limit; EFAULT: bad
+    /// range; EINVAL: flags the driver refuses).
     pub unsafe fn register(
         self: &Arc<Self>,
         addr: u64,
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion> {
+        if access.contains(Access::RELAXED_ORDERING) {
+            let Some(reg_mr_iova2) = *REG_MR_IOVA2 else {
+                return Err(Error::system(
+                    "relaxed-ordering registration",
+                    io::Error::from_raw_os_error(libc::ENOSYS),
+                ));
+            };
+            // SAFETY: the PD is live; the range is the caller's promise (see `# Safety`); the
+            // function is libibverbs' ibv_reg_mr_iova2, found by name.
+            let raw = unsafe {
+                reg_mr_iova2(
+                    self.raw(),
+                    addr as *mut libc::c_void,
+                    len,
+                    addr,
+                    access.bits(),
+                )
+            };
+            return self.wrap_mr(raw, "ibv_reg_mr_iova2", addr, len);
+        }
         let access_bits = i32::try_from(access.bits()).unwrap_or(0);
         // SAFETY: the PD is live; the range is the caller's promise (see `# Safety`).
         let raw =
             unsafe { sys::ibv_reg_mr(self.raw(), addr as *mut libc::c_void, len, access_bits) };
         self.wrap_mr(raw, "ibv_reg_mr", addr, len)
+    }
+
+    /// Whether the device can register DMA-BUFs, probed as NCCL does: a registration of fd -1
+    /// must fail with EBADF (the driver got as far as the fd), not EOPNOTSUPP/EPROTONOSUPPORT.
+    ///
+    /// # Errors
+    /// The errno that says the driver has no DMA-BUF support.
+    pub fn probe_dmabuf(&self) -> std::result::Result<(), io::Error> {
+        // SAFETY: the PD is live; fd -1 makes the kernel fail before touching memory.
+        let raw = unsafe { sys::ibv_reg_dmabuf_mr(self.raw(), 0, 0, 0, -1, 0) };
+        if let Some(mr) = NonNull::new(raw) {
+            // SAFETY: an unexpected success is deregistered at once.
+            unsafe { sys::ibv_dereg_mr(mr.as_ptr()) };
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT) => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Register a DMA-BUF: `len` bytes at `offset` of `fd`, addressed by peers as `iova`.
