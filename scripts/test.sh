@@ -2,7 +2,7 @@
 # The project's test command (.ci/run calls exactly this):
 #   1. installs what it needs (scripts/deps.sh, idempotent),
 #   2. checks formatting and lints (cargo fmt, cargo clippy -D warnings),
-#   3. runs `cargo test` on the host,
+#   3. runs `cargo test` on the host, then the GPU tests (which say "skipped: no GPU" without one),
 #   4. checks scripts/install.sh and the installed files,
 #   5. runs the RDMA suites inside the Soft-RoCE VM (scripts/rdma-vm.sh); they fail without it.
 # The last line is the summary over every suite: "summary: N passed, M failed".
@@ -53,6 +53,7 @@ step fmt cargo fmt --check
 step clippy cargo clippy --all-targets --locked -- -D warnings
 step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked
 step host-tests cargo test --locked
+step gpu-tests cargo test --locked --test gpu -- --nocapture
 step install check_install
 step rdma-build build_rdma_suites
 if [ -s "$logs/rdma-binaries.txt" ]; then
@@ -65,7 +66,7 @@ fi
 passed=0 failed=0
 while read -r p f; do
   passed=$((passed + p)) failed=$((failed + f))
-done < <(cat "$logs"/host-tests.log "$logs"/rdma-vm-tests.log 2>/dev/null |
+done < <(cat "$logs"/host-tests.log "$logs"/gpu-tests.log "$logs"/rdma-vm-tests.log 2>/dev/null |
   sed -n 's/.*test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p')
 echo
 for s in "${failed_steps[@]}"; do echo "failed step: $s (see target/test-logs/$s.log)"; done

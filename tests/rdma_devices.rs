@@ -102,6 +102,34 @@ fn devices_finds_every_rxe_device_with_plausible_properties() {
         assert_eq!((d.int("netDeviceType"), d.int("netDeviceVersion")), (0, 0));
         assert_eq!(d.int("latency"), 0);
     }
+    let messages: Vec<String> = run.logs().iter().map(|l| l.get("msg").to_owned()).collect();
+    let count = |needle: &str| messages.iter().filter(|m| m.contains(needle)).count();
+    assert_eq!(
+        count("no CUDA driver (libcuda.so not found"),
+        4,
+        "one line for the process and one per device: {messages:#?}"
+    );
+    assert_eq!(count("every device registers host memory only"), 1);
+    for dev in ["rxe0", "rxe1", "rxe2"] {
+        let gdr = messages
+            .iter()
+            .find(|m| m.contains(&format!("{dev}: GPUDirect RDMA off: ")))
+            .unwrap_or_else(|| panic!("no GPUDirect line for {dev}: {messages:#?}"));
+        assert!(
+            gdr.contains("no peer-memory module")
+                && gdr.contains(&format!(
+                    "DMA-BUF unsupported ({dev}: ibv_reg_dmabuf_mr: Operation not supported"
+                )),
+            "{gdr}"
+        );
+        assert_eq!(
+            count(&format!(
+                "{dev}: relaxed ordering on: under a hypervisor DMA goes through"
+            )),
+            1,
+            "the VM is a hypervisor guest: {messages:#?}"
+        );
+    }
     let banner = run
         .logs()
         .into_iter()
