@@ -77,7 +77,7 @@ fn module_loaded_without_registration_is_named_with_the_fix() {
     assert_eq!(
         verdict,
         PeerMem::LoadedNotRegistered {
-            evidence: "/sys/module/nvidia_peermem",
+            evidence: "seen in /sys/module",
             interface_present: false
         }
     );
@@ -85,8 +85,8 @@ fn module_loaded_without_registration_is_named_with_the_fix() {
     let text = verdict.to_string();
     assert!(
         text.starts_with(
-            "nvidia_peermem is loaded (/sys/module/nvidia_peermem) but not registered with the \
-             peer-memory interface (/sys/kernel/mm/memory_peers does not exist); fix: load it \
+            "nvidia_peermem is loaded (seen in /sys/module) but not registered with the \
+             peer-memory interface (no /sys/kernel/mm/memory_peers at all); fix: load it \
              after the MOFED/DOCA-OFED RDMA stack"
         ),
         "{text}"
@@ -100,14 +100,14 @@ fn module_loaded_without_registration_is_named_with_the_fix() {
     assert_eq!(
         verdict,
         PeerMem::LoadedNotRegistered {
-            evidence: "/proc/modules",
+            evidence: "seen in /proc/modules",
             interface_present: true
         }
     );
     assert!(
         verdict
             .to_string()
-            .contains("(/sys/kernel/mm/memory_peers has no nv_mem entry)")
+            .contains("(no nv_mem entry in /sys/kernel/mm/memory_peers)")
     );
 }
 
@@ -139,7 +139,7 @@ fn hypervisor_is_recognised_from_sysfs_and_dmi() {
     xen.file("hypervisor/type", "xen\n");
     assert_eq!(
         detect_hypervisor(&xen.root(), None).as_deref(),
-        Some("/sys/hypervisor/type = xen")
+        Some("sysfs hypervisor/type = xen")
     );
 
     let kvm = Tree::new("kvm");

@@ -52,9 +52,9 @@ impl PeerMem {
                 .any(|l| l.split_whitespace().next() == Some("nvidia_peermem"))
         });
         let evidence = if sysfs.path().join(MODULE_PATH).exists() {
-            Some("/sys/module/nvidia_peermem")
+            Some("seen in /sys/module")
         } else if listed {
-            Some("/proc/modules")
+            Some("seen in /proc/modules")
         } else {
             None
         };
@@ -83,9 +83,9 @@ impl fmt::Display for PeerMem {
                 interface_present,
             } => {
                 let interface = if *interface_present {
-                    "/sys/kernel/mm/memory_peers has no nv_mem entry"
+                    "no nv_mem entry in /sys/kernel/mm/memory_peers"
                 } else {
-                    "/sys/kernel/mm/memory_peers does not exist"
+                    "no /sys/kernel/mm/memory_peers at all"
                 };
                 write!(
                     f,
@@ -190,7 +190,7 @@ pub fn detect_hypervisor(sysfs: &SysfsRoot, cpuinfo: Option<&str>) -> Option<Str
             .filter(|s| !s.is_empty())
     };
     if let Some(kind) = read("hypervisor/type") {
-        return Some(format!("/sys/hypervisor/type = {kind}"));
+        return Some(format!("sysfs hypervisor/type = {kind}"));
     }
     const DMI_MARKS: [&str; 8] = [
         "QEMU",
