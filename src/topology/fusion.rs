@@ -73,8 +73,9 @@ pub struct Fusion {
 enum Family {
     /// No PCI parent: only explicit fusion.
     Virtual,
-    /// A PF (or a VF whose PF is not visible): fuses with the other functions of its slot.
-    Slot(u32, u8, u8),
+    /// A PF (or a VF whose PF is not visible): fuses with the other functions of its slot
+    /// (the address with function 0).
+    Slot(PciAddress),
     /// A VF: fuses with its sibling VFs when asked.
     VfsOf(PciAddress),
 }
@@ -84,10 +85,10 @@ fn family(d: &NetDevice) -> Family {
         None => Family::Virtual,
         Some(f) => match f.physfn {
             Some(pf) => Family::VfsOf(pf),
-            None => {
-                let (domain, bus, device) = f.address.slot();
-                Family::Slot(domain, bus, device)
-            }
+            None => Family::Slot(PciAddress {
+                function: 0,
+                ..f.address
+            }),
         },
     }
 }
@@ -131,11 +132,11 @@ fn refusal(members: &[&NetDevice], policy: &FusionPolicy) -> Option<String> {
 
 /// Why a port with no partner stays alone.
 fn alone_reason(d: &NetDevice, all: &[NetDevice], policy: &FusionPolicy) -> String {
-    match (family(d), &d.pci) {
-        (Family::Virtual, _) => "no PCI parent (Soft-RoCE or a virtual device); fuse it by \
+    match family(d) {
+        Family::Virtual => "no PCI parent (Soft-RoCE or a virtual device); fuse it by \
                                  listing it in NCCL_NET_RS_FUSE"
             .to_owned(),
-        (Family::VfsOf(pf), _) => {
+        Family::VfsOf(pf) => {
             if let Some(own) = all
                 .iter()
                 .find(|m| m.pci.as_ref().is_some_and(|f| f.address == pf))
@@ -154,11 +155,10 @@ fn alone_reason(d: &NetDevice, all: &[NetDevice], policy: &FusionPolicy) -> Stri
                 format!("the only visible VF of {pf}")
             }
         }
-        (Family::Slot(..), Some(f)) => format!(
+        Family::Slot(slot) => format!(
             "the only port of PCI device {} (separate NICs fuse only when listed in NCCL_NET_RS_FUSE)",
-            f.address.slot_name()
+            slot.slot_name()
         ),
-        (Family::Slot(..), None) => unreachable!("a slot family has a PCI function"),
     }
 }
 
@@ -239,10 +239,11 @@ pub fn fuse(devices: Vec<NetDevice>, policy: &FusionPolicy) -> Fusion {
             }
             continue;
         }
-        let reason = match (&fam, devices[i].pci.as_ref()) {
-            (Family::VfsOf(pf), _) => format!("VFs of {pf}, NCCL_IB_MERGE_VFS=1"),
-            (_, Some(f)) => format!("ports of one NIC (PCI device {})", f.address.slot_name()),
-            (_, None) => unreachable!("only PCI functions fuse automatically"),
+        let reason = match &fam {
+            Family::VfsOf(pf) => format!("VFs of {pf}, NCCL_IB_MERGE_VFS=1"),
+            Family::Slot(slot) => format!("ports of one NIC (PCI device {})", slot.slot_name()),
+            // Never grouped automatically (see `auto` above).
+            Family::Virtual => "devices without a PCI parent".to_owned(),
         };
         for &j in &members {
             group_of[j] = Some(groups.len());

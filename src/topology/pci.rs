@@ -18,13 +18,9 @@ pub struct PciAddress {
 }
 
 impl PciAddress {
-    /// The address without its function: every function of one PCI device shares it, which is
-    /// how the ports of a multi-function NIC (a dual-port ConnectX-7) recognise each other.
-    pub fn slot(&self) -> (u32, u8, u8) {
-        (self.domain, self.bus, self.device)
-    }
-
-    /// `0000:0b:00`, the slot in sysfs notation.
+    /// `0000:0b:00`: the address without its function. Every function of one PCI device shares
+    /// it, which is how the ports of a multi-function NIC (a dual-port ConnectX-7) recognise
+    /// each other.
     pub fn slot_name(&self) -> String {
         format!("{:04x}:{:02x}:{:02x}", self.domain, self.bus, self.device)
     }
@@ -115,7 +111,7 @@ mod tests {
         ] {
             assert!(bad.parse::<PciAddress>().is_err(), "{bad}");
         }
-        let slot = |s: &str| s.parse::<PciAddress>().unwrap().slot();
+        let slot = |s: &str| s.parse::<PciAddress>().unwrap().slot_name();
         assert_eq!(slot("0000:0b:00.0"), slot("0000:0b:00.1"));
         assert_ne!(slot("0000:0b:00.0"), slot("0000:0c:00.0"));
     }

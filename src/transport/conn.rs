@@ -158,6 +158,23 @@ impl QpSet {
     }
 }
 
+impl PortContext {
+    /// This port as the peer sees it, with the key of this side's control ring on it.
+    pub(super) fn endpoint(&self, ring_rkey: u32) -> Endpoint {
+        Endpoint {
+            lid: self.lid,
+            port: self.port_num(),
+            mtu: self.mtu,
+            link_layer: self.link_layer,
+            roce_version: self.gid.roce_version.unwrap_or(0),
+            gid: self.gid.gid,
+            gid_index: self.gid.index,
+            ring_rkey,
+            device: self.name().to_owned(),
+        }
+    }
+}
+
 /// The handshake message describing this side; `ring` is the control ring the peer writes.
 pub(super) fn local_hello(
     ctx: &DeviceContext,
@@ -173,17 +190,7 @@ pub(super) fn local_hello(
             .ports
             .iter()
             .enumerate()
-            .map(|(m, port)| Endpoint {
-                lid: port.lid,
-                port: port.port_num(),
-                mtu: port.mtu,
-                link_layer: port.link_layer,
-                roce_version: port.gid.roce_version.unwrap_or(0),
-                gid: port.gid.gid,
-                gid_index: port.gid.index,
-                ring_rkey: ring.mr(m).rkey(),
-                device: port.name().to_owned(),
-            })
+            .map(|(m, port)| port.endpoint(ring.mr(m).rkey()))
             .collect(),
         ring_addr: ring.addr(0),
         traffic_class: ctx.config.traffic_class,

@@ -17,12 +17,13 @@ use super::conn::{
 };
 use super::mr::MrHandle;
 use super::wire_io::HandshakeStream;
+use crate::core::config::Config;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::{Layout, RecvBuf, RecvSide, SLOTS};
-use crate::core::wire::{Cts, Endpoint, Hello, ListenHandle, MAX_RECVS};
+use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS};
 use crate::verbs::{
-    Access, Completion, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair, RemoteEndpoint,
-    WorkRequest,
+    Access, Completion, CompletionQueue, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair,
+    RemoteEndpoint, WorkRequest,
 };
 
 /// Requests a receive comm can have in flight: one per slot, plus as many flushes.
@@ -239,27 +240,13 @@ struct FlushQp {
 }
 
 impl FlushQp {
-    fn new(
-        port: &PortContext,
-        cq: &Arc<crate::verbs::CompletionQueue>,
-        config: &crate::core::config::Config,
-    ) -> Result<Self> {
+    fn new(port: &PortContext, cq: &Arc<CompletionQueue>, config: &Config) -> Result<Self> {
         let qp = QueuePair::new(&port.pd, cq, RECV_QP_CAPS)?;
         qp.to_init(
             port.port_num(),
             Access::LOCAL_WRITE.with(Access::REMOTE_READ),
         )?;
-        let own = Endpoint {
-            lid: port.lid,
-            port: port.port_num(),
-            mtu: port.mtu,
-            link_layer: port.link_layer,
-            roce_version: port.gid.roce_version.unwrap_or(0),
-            gid: port.gid.gid,
-            gid_index: port.gid.index,
-            ring_rkey: 0,
-            device: String::new(),
-        };
+        let own = port.endpoint(0);
         let path = path_params(port, config, &own, 0, 0);
         qp.to_rtr(
             &RemoteEndpoint {
