@@ -110,15 +110,7 @@ impl QpSet {
         mut each: impl FnMut(usize, &Completion) -> Result<()>,
     ) -> Result<()> {
         for (member, cq) in self.cqs.iter().enumerate() {
-            loop {
-                let batch = cq.poll()?;
-                if batch.is_empty() {
-                    break;
-                }
-                for c in batch {
-                    each(member, &c)?;
-                }
-            }
+            while cq.poll_each(|c| each(member, c))? == CompletionQueue::BATCH {}
         }
         Ok(())
     }

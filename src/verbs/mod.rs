@@ -13,7 +13,7 @@ mod netif;
 mod pd;
 mod qp;
 
-pub use cq::{Completion, CompletionBatch, CompletionQueue, OPCODE_RECV_RDMA_WITH_IMM};
+pub use cq::{Completion, CompletionQueue, OPCODE_RECV_RDMA_WITH_IMM};
 pub use device::{Device, Discovery, PortState, discover_ports};
 pub use netif::{InterfaceAddr, interface_addrs};
 pub use pd::{Access, HostRegion, MemoryRegion, ProtectionDomain, reg_mr_iova2_available};
