@@ -9,7 +9,7 @@ use std::path::Path;
 use super::{NetDevice, PciAddress};
 
 /// The knobs that steer fusion.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FusionPolicy {
     /// `NCCL_IB_MERGE_NICS`: fusion allowed at all.
     pub merge_nics: bool,
@@ -60,7 +60,7 @@ impl VirtualDevice {
 
 /// The devices NCCL will see, in index order, with one decision line per device and one per
 /// refused explicit fusion.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fusion {
     /// The devices; index = NCCL device number.
     pub devices: Vec<VirtualDevice>,

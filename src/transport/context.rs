@@ -18,8 +18,6 @@ use crate::verbs::{Device, InterfaceAddr, ProtectionDomain, interface_addrs};
 /// One NCCL device opened for connections.
 #[derive(Debug)]
 pub struct DeviceContext {
-    /// The name NCCL sees (`a+b` when fused).
-    pub name: String,
     /// The member ports, in QP striping order; at least one.
     pub ports: Vec<Arc<PortContext>>,
     /// The configuration in force.
@@ -48,7 +46,6 @@ impl DeviceContext {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Arc::new(Self {
-            name: device.name(),
             ports,
             config: config.clone(),
         }))
