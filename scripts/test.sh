@@ -53,7 +53,7 @@ step fmt cargo fmt --check
 step clippy cargo clippy --all-targets --locked -- -D warnings
 step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked
 step host-tests cargo test --locked
-step gpu-tests cargo test --locked --test gpu -- --nocapture
+step gpu-tests cargo test --locked --test gpu -- --nocapture --test-threads=1
 step install check_install
 step rdma-build build_rdma_suites
 if [ -s "$logs/rdma-binaries.txt" ]; then
