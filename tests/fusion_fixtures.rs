@@ -61,6 +61,14 @@ impl Fixture {
         self
     }
 
+    /// Put the function at `path` on NUMA node `numa` with the network interface `netdev`.
+    fn place(&self, path: &str, numa: &str, netdev: &str) -> &Self {
+        let dir = self.root.join("devices").join(path);
+        fs::write(dir.join("numa_node"), format!("{numa}\n")).unwrap();
+        fs::create_dir_all(dir.join("net").join(netdev)).unwrap();
+        self
+    }
+
     fn fuse(&self, policy: &FusionPolicy) -> Fusion {
         let selection = select_devices(&self.ports, None, &SysfsRoot::new(&self.root));
         fuse(selection.devices, policy)
@@ -101,8 +109,13 @@ const BRIDGE: &str = "pci0000:00/0000:00:02.0";
 #[test]
 fn dual_port_cx7_pfs_fuse_into_one_device_with_summed_speed() {
     let mut fx = Fixture::new("cx7");
-    fx.rdma("mlx5_1", Some(&format!("{BRIDGE}/0000:0b:00.1")), None)
-        .rdma("mlx5_0", Some(&format!("{BRIDGE}/0000:0b:00.0")), None);
+    let (f0, f1) = (
+        format!("{BRIDGE}/0000:0b:00.0"),
+        format!("{BRIDGE}/0000:0b:00.1"),
+    );
+    fx.rdma("mlx5_1", Some(&f1), None)
+        .rdma("mlx5_0", Some(&f0), None);
+    fx.place(&f0, "1", "ens1f0np0").place(&f1, "1", "ens1f1np1");
     let f = fx.fuse(&defaults());
     assert_eq!(names(&f), ["mlx5_0+mlx5_1"]);
     let d = &f.devices[0];
@@ -111,7 +124,10 @@ fn dual_port_cx7_pfs_fuse_into_one_device_with_summed_speed() {
     assert!(d.pci_path().unwrap().ends_with("0000:0b:00.0"));
     assert_eq!(
         f.decisions,
-        ["fused mlx5_0+mlx5_1 (800000 Mbps): ports of one NIC (PCI device 0000:0b:00)"]
+        [
+            "fused mlx5_0+mlx5_1 (800000 Mbps): ports of one NIC (PCI device 0000:0b:00, NUMA node \
+          1, netdevs ens1f0np0 ens1f1np1)"
+        ]
     );
 
     let off = fx.fuse(&FusionPolicy {

@@ -162,6 +162,29 @@ fn alone_reason(d: &NetDevice, all: &[NetDevice], policy: &FusionPolicy) -> Stri
     }
 }
 
+/// `", NUMA node 1, netdevs ens1f0np0 ens1f1np1"`: where the fused ports sit, as far as sysfs
+/// says (operators match these against the GPU's NUMA node and their RoCE interfaces).
+fn placement(members: &[&NetDevice]) -> String {
+    let functions: Vec<_> = members.iter().filter_map(|m| m.pci.as_ref()).collect();
+    let mut nodes: Vec<u32> = functions.iter().filter_map(|f| f.numa_node).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let netdevs: Vec<&str> = functions
+        .iter()
+        .flat_map(|f| f.netdevs.iter().map(String::as_str))
+        .collect();
+    let mut out = String::new();
+    match nodes.as_slice() {
+        [] => {}
+        [node] => out.push_str(&format!(", NUMA node {node}")),
+        several => out.push_str(&format!(", NUMA nodes {several:?}")),
+    }
+    if !netdevs.is_empty() {
+        out.push_str(&format!(", netdevs {}", netdevs.join(" ")));
+    }
+    out
+}
+
 /// Group `devices` (already in NCCL index order) into virtual devices.
 pub fn fuse(devices: Vec<NetDevice>, policy: &FusionPolicy) -> Fusion {
     let mut decisions = Vec::new();
@@ -241,7 +264,11 @@ pub fn fuse(devices: Vec<NetDevice>, policy: &FusionPolicy) -> Fusion {
         }
         let reason = match &fam {
             Family::VfsOf(pf) => format!("VFs of {pf}, NCCL_IB_MERGE_VFS=1"),
-            Family::Slot(slot) => format!("ports of one NIC (PCI device {})", slot.slot_name()),
+            Family::Slot(slot) => format!(
+                "ports of one NIC (PCI device {}{})",
+                slot.slot_name(),
+                placement(&members.iter().map(|&j| &devices[j]).collect::<Vec<_>>())
+            ),
             // Never grouped automatically (see `auto` above).
             Family::Virtual => "devices without a PCI parent".to_owned(),
         };
