@@ -127,9 +127,9 @@ impl DeviceContext {
             .ports
             .iter()
             .map(|port| {
-                let mr = port
-                    .pd
-                    .register_dmabuf(offset, size, addr, fd, DATA_ACCESS)?;
+                let mr = port.with_data_access(|access| {
+                    port.pd.register_dmabuf(offset, size, addr, fd, access)
+                })?;
                 Ok(MrPart {
                     port: Arc::clone(port),
                     mr: Arc::new(mr),
