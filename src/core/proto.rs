@@ -99,6 +99,12 @@ impl Layout {
     }
 }
 
+/// Bytes a (grouped) receive can take: what both sides pass to [`Layout::qps_for`], the
+/// receiver from its buffers and the sender from the CTS entries, so they pick the same QPs.
+fn capacity(sizes: impl Iterator<Item = u64>) -> u64 {
+    sizes.fold(0, u64::saturating_add)
+}
+
 fn slot_of(seq: u64) -> usize {
     usize::try_from(seq % SLOTS as u64).unwrap_or(0)
 }
@@ -187,7 +193,7 @@ impl RecvSide {
         if self.slots[slot].is_some() {
             return Ok(None);
         }
-        let capacity = bufs.iter().fold(0u64, |sum, b| sum.saturating_add(b.size));
+        let capacity = capacity(bufs.iter().map(|b| b.size));
         let qps = self.layout.qps_for(seq, capacity);
         for q in qps.clone() {
             self.expected[q].push_back(seq);
@@ -477,10 +483,7 @@ impl SendSide {
         let Some(slot) = self.slots[slot_index].as_mut() else {
             return Vec::new();
         };
-        let capacity = slot
-            .cts
-            .iter()
-            .fold(0u64, |sum, c| sum.saturating_add(c.size));
+        let capacity = capacity(slot.cts.iter().map(|c| c.size));
         let qps = layout.qps_for(slot.seq, capacity);
         let used = qps.len();
         let n = slot.cts.len();

@@ -41,17 +41,14 @@ pub enum PeerMem {
 impl PeerMem {
     /// Probe `sysfs`; `proc_modules` is the text of `/proc/modules` when readable.
     pub fn detect(sysfs: &SysfsRoot, proc_modules: Option<&str>) -> Self {
-        if let Some(path) = REGISTERED_PATHS
-            .into_iter()
-            .find(|p| sysfs.path().join(p).exists())
-        {
+        if let Some(path) = REGISTERED_PATHS.into_iter().find(|p| sysfs.exists(p)) {
             return Self::Registered { path };
         }
         let listed = proc_modules.is_some_and(|text| {
             text.lines()
                 .any(|l| l.split_whitespace().next() == Some("nvidia_peermem"))
         });
-        let evidence = if sysfs.path().join(MODULE_PATH).exists() {
+        let evidence = if sysfs.exists(MODULE_PATH) {
             Some("seen in /sys/module")
         } else if listed {
             Some("seen in /proc/modules")
@@ -61,7 +58,7 @@ impl PeerMem {
         match evidence {
             Some(evidence) => Self::LoadedNotRegistered {
                 evidence,
-                interface_present: sysfs.path().join("kernel/mm/memory_peers").is_dir(),
+                interface_present: sysfs.exists("kernel/mm/memory_peers"),
             },
             None => Self::Absent,
         }
@@ -183,13 +180,7 @@ pub fn detect_hypervisor(sysfs: &SysfsRoot, cpuinfo: Option<&str>) -> Option<Str
     if cpu_flag {
         return Some("CPU hypervisor flag".to_owned());
     }
-    let read = |rel: &str| {
-        std::fs::read_to_string(sysfs.path().join(rel))
-            .ok()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-    };
-    if let Some(kind) = read("hypervisor/type") {
+    if let Some(kind) = sysfs.read_value("hypervisor/type") {
         return Some(format!("sysfs hypervisor/type = {kind}"));
     }
     const DMI_MARKS: [&str; 8] = [
@@ -205,7 +196,7 @@ pub fn detect_hypervisor(sysfs: &SysfsRoot, cpuinfo: Option<&str>) -> Option<Str
     ["class/dmi/id/sys_vendor", "class/dmi/id/product_name"]
         .into_iter()
         .find_map(|rel| {
-            let value = read(rel)?;
+            let value = sysfs.read_value(rel)?;
             DMI_MARKS
                 .iter()
                 .any(|m| value.contains(m))

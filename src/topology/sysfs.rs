@@ -25,6 +25,19 @@ impl SysfsRoot {
         &self.0
     }
 
+    /// Whether `rel` (e.g. `module/nvidia_peermem/version`) exists under the root.
+    pub fn exists(&self, rel: &str) -> bool {
+        self.0.join(rel).exists()
+    }
+
+    /// The trimmed text of the file `rel`, `None` when it is missing, unreadable or empty.
+    pub fn read_value(&self, rel: &str) -> Option<String> {
+        std::fs::read_to_string(self.0.join(rel))
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    }
+
     /// `class/infiniband/<device>`: the RDMA device's own directory.
     fn ib_device_dir(&self, device: &str) -> PathBuf {
         self.0.join("class").join("infiniband").join(device)

@@ -7,16 +7,14 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::DeviceContext;
-use super::PortContext;
-use super::conn::path_params;
 use super::conn::{
     CTS_RING_BYTES, CTS_SIGNAL_EVERY, Failure, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES,
     SIZES_SLOT_BYTES, WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV, check_peer, completion_error,
-    describe_local, describe_remote, local_hello,
+    describe_local, describe_remote, local_hello, path_params,
 };
 use super::mr::MrHandle;
 use super::wire_io::HandshakeStream;
+use super::{DeviceContext, PortContext};
 use crate::core::config::Config;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::{Layout, RecvBuf, RecvSide, SLOTS};
@@ -407,8 +405,8 @@ impl RecvComm {
             if let Err(e) = unsafe { flush.qp.post_send(&[wr]) } {
                 return Err(st.failed.record(e));
             }
-            st.flushes[k] = FlushSlot::Pending(member + 1);
         }
+        st.flushes[k] = FlushSlot::Pending(self.flush.len());
         Ok(Some(SLOTS + k))
     }
 

@@ -32,11 +32,6 @@ impl Access {
         Self(self.0 | other.0)
     }
 
-    /// These rights without `other`'s.
-    pub const fn without(self, other: Self) -> Self {
-        Self(self.0 & !other.0)
-    }
-
     /// True when every right of `other` is included.
     pub const fn contains(self, other: Self) -> bool {
         self.0 & other.0 == other.0
