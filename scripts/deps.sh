@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Install what building and testing need, idempotently: only missing Debian packages are
-# installed, and the virtme-ng venv is created once.
+# installed, and the virtme-ng venv is created once. Afterwards every program the scripts call
+# is checked; a missing one fails here, by name, instead of obscurely in a later step.
 #
 # usage: scripts/deps.sh [build] [vm]
 #   build  compilers and verbs headers for `cargo build` / `cargo test` on the host
-#   vm     qemu, Debian's kernel (which has rdma_rxe), rdma-core tools and virtme-ng
+#   vm     qemu, busybox (virtme-ng builds the VM's initramfs with it), Debian's kernel (which
+#          has rdma_rxe), rdma-core tools, perftest, and virtme-ng
 # Prints the venv's bin directory on stdout when `vm` is given (for PATH).
 set -euo pipefail
 
@@ -24,7 +26,8 @@ if [ "$want_build" = 1 ]; then
   packages+=(libibverbs-dev librdmacm-dev ibverbs-providers clang libclang-dev pkg-config gcc binutils)
 fi
 if [ "$want_vm" = 1 ]; then
-  packages+=(qemu-system-x86 linux-image-amd64 rdma-core ibverbs-utils ibverbs-providers perftest iproute2 kmod python3)
+  packages+=(qemu-system-x86 busybox-static linux-image-amd64 rdma-core ibverbs-utils ibverbs-providers
+    perftest iproute2 kmod procps python3 python3-venv)
 fi
 
 missing=()
@@ -40,12 +43,46 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 
+venv="${NCCL_NET_RS_CACHE:-$HOME/.cache/nccl-net-rsib}/vng-venv"
+if [ "$want_vm" = 1 ] && [ ! -x "$venv/bin/vng" ]; then
+  echo "deps.sh: installing virtme-ng into $venv" >&2
+  rm -rf "$venv"
+  python3 -m venv "$venv" >&2
+  "$venv/bin/pip" install -q virtme-ng >&2
+fi
+
+# --- verification: every program the scripts call, by name --------------------------------------
+problems=()
+need() { # need PROGRAM [PATH-PREFIX]: PROGRAM must be on PATH (or in PATH-PREFIX)
+  command -v "$1" >/dev/null 2>&1 || [ -x "${2:-/nonexistent}/$1" ] || problems+=("program '$1' is missing")
+}
+if [ "$want_build" = 1 ]; then
+  for prog in cc gcc clang pkg-config nm readelf; do need "$prog"; done
+  pkg-config --exists libibverbs librdmacm 2>/dev/null ||
+    problems+=("pkg-config finds no libibverbs/librdmacm (libibverbs-dev, librdmacm-dev)")
+fi
 if [ "$want_vm" = 1 ]; then
-  venv="${NCCL_NET_RS_CACHE:-$HOME/.cache/nccl-net-rsib}/vng-venv"
-  if [ ! -x "$venv/bin/vng" ]; then
-    echo "deps.sh: installing virtme-ng into $venv" >&2
-    python3 -m venv "$venv" >&2 || { apt-get install -y -qq python3-venv >&2 && python3 -m venv "$venv" >&2; }
-    "$venv/bin/pip" install -q virtme-ng >&2
+  for prog in qemu-system-x86_64 busybox rdma ip modprobe sysctl timeout python3 \
+    ib_write_bw ib_write_lat ibv_devices; do
+    need "$prog"
+  done
+  need vng "$venv/bin"
+  # rdma-vm.sh boots the newest kernel in /boot; its modules must carry rdma_rxe.
+  kernel="$(ls -1 /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n 1)"
+  if [ -z "$kernel" ]; then
+    problems+=("no kernel image in /boot (linux-image-amd64)")
+  else
+    version="${kernel#/boot/vmlinuz-}"
+    if ! find "/lib/modules/$version" -name 'rdma_rxe.ko*' 2>/dev/null | grep -q .; then
+      problems+=("kernel $version in /boot has no rdma_rxe module under /lib/modules/$version")
+    fi
   fi
+fi
+if [ "${#problems[@]}" -gt 0 ]; then
+  for p in "${problems[@]}"; do echo "deps.sh: $p" >&2; done
+  exit 1
+fi
+
+if [ "$want_vm" = 1 ]; then
   echo "$venv/bin"
 fi

@@ -437,28 +437,18 @@ impl SendSide {
         Ok(())
     }
 
-    /// Match `buf` to the next message's entry with the same tag. `Ok(None)`: the CTS has not
-    /// arrived yet, NCCL retries later.
-    ///
-    /// # Errors
-    /// `Misuse` when no unmatched entry of the message carries this tag.
-    pub fn isend(&mut self, buf: SendBuf) -> Result<Option<Accepted>> {
+    /// Match `buf` to the next message's first unmatched entry with the same tag (entries with
+    /// equal tags fill in posting order). `Ok(None)`: the CTS has not arrived yet, or no
+    /// unmatched entry of that message carries this tag; NCCL retries later, as with its own
+    /// transport (`ncclIbIsend` returns a NULL request after the tag loop, net_ib/p2p.cc).
+    pub fn isend(&mut self, buf: SendBuf) -> Option<Accepted> {
         let seq = self.next_seq;
         let slot_index = slot_of(seq);
-        let Some(slot) = self.slots[slot_index]
+        let slot = self.slots[slot_index]
             .as_mut()
-            .filter(|s| s.seq == seq && !s.posted)
-        else {
-            return Ok(None);
-        };
+            .filter(|s| s.seq == seq && !s.posted)?;
         let entry = (0..slot.cts.len())
-            .find(|&i| slot.matched[i].is_none() && slot.cts[i].tag == buf.tag)
-            .ok_or_else(|| {
-                Error::misuse(format!(
-                    "isend with tag {} matches no posted receive of message {seq}",
-                    buf.tag
-                ))
-            })?;
+            .find(|&i| slot.matched[i].is_none() && slot.cts[i].tag == buf.tag)?;
         let capacity = slot.cts[entry].size;
         let truncated = (buf.size > capacity).then_some((buf.size, capacity));
         slot.matched[entry] = Some(SendBuf {
@@ -475,7 +465,7 @@ impl SendSide {
             accepted.posts = self.layout_posts(slot_index);
             self.next_seq += 1;
         }
-        Ok(Some(accepted))
+        Some(accepted)
     }
 
     fn layout_posts(&mut self, slot_index: usize) -> Vec<Post> {

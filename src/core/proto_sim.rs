@@ -93,7 +93,7 @@ impl Pair {
                 .collect();
             self.send.handle_cts(entries)?;
         }
-        let accepted = self.send.isend(buf)?;
+        let accepted = self.send.isend(buf);
         if let Some(a) = &accepted {
             for p in &a.posts {
                 self.wire[p.qp()].push_back(*p);
@@ -274,13 +274,69 @@ fn grouped_receive_matches_sends_by_tag_in_any_order() {
 }
 
 #[test]
-fn unknown_tag_is_misuse() {
+fn tag_matching_no_unmatched_entry_is_retry_later() {
     let mut p = Pair::new(1, false);
     p.irecv(&[rbuf(0, 8, 1), rbuf(8, 8, 2)]).unwrap();
     p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
-    let e = p.isend(sbuf(0, 8, 1)).unwrap_err();
-    assert_eq!(e.kind(), Kind::Misuse);
-    assert!(e.to_string().contains("tag 1"), "{e}");
+    assert_eq!(
+        p.isend(sbuf(0, 8, 1)).unwrap(),
+        None,
+        "tag 1 is already matched"
+    );
+    assert_eq!(p.isend(sbuf(0, 8, 9)).unwrap(), None, "no entry has tag 9");
+    assert!(p.isend(sbuf(8, 8, 2)).unwrap().is_some());
+}
+
+#[test]
+fn sends_retried_round_robin_over_tags_find_their_message() {
+    // The receiver posts a single receive for tag 8, then a group for tags 0..7; the sender
+    // offers 0, 8, 1, ..., 7 in a loop and retries every send that came back None.
+    let mut p = Pair::new(2, false);
+    let single = p.irecv(&[rbuf(90_000, 1000, 8)]).unwrap();
+    let group: Vec<RecvBuf> = (0..8)
+        .map(|t| rbuf(10_000 * (t + 1), 5000, t as i32))
+        .collect();
+    let grouped = p.irecv(&group).unwrap();
+    let mut waiting: VecDeque<i32> = [0, 8, 1, 2, 3, 4, 5, 6, 7].into();
+    let mut rounds = 0;
+    while let Some(tag) = waiting.pop_front() {
+        let size = 100 * (tag as u64 + 1);
+        if p.isend(sbuf(tag as u64 * 1000, size, tag))
+            .unwrap()
+            .is_none()
+        {
+            waiting.push_back(tag);
+        }
+        rounds += 1;
+        assert!(rounds < 100, "sends never matched: {waiting:?}");
+    }
+    p.deliver_all();
+    assert_eq!(p.received(single), Some(vec![900]));
+    assert_eq!(
+        p.received(grouped),
+        Some((0..8).map(|t| 100 * (t + 1)).collect())
+    );
+    for t in 0..9usize {
+        let dst = if t == 8 { 90_000 } else { 10_000 * (t + 1) };
+        let len = 100 * (t + 1);
+        assert_eq!(
+            &p.recv_mem[dst..dst + len],
+            &p.sender_mem[t * 1000..t * 1000 + len]
+        );
+    }
+}
+
+#[test]
+fn equal_tags_in_a_group_fill_in_posting_order() {
+    let mut p = Pair::new(1, false);
+    let group: Vec<RecvBuf> = (0..4).map(|i| rbuf(10_000 * (i + 1), 500, 5)).collect();
+    let slot = p.irecv(&group).unwrap();
+    for i in 0..4u64 {
+        let a = p.isend(sbuf(i * 1000, 100 + i, 5)).unwrap().unwrap();
+        assert_eq!(a.entry, i as usize, "send {i} takes buffer {i}");
+    }
+    p.deliver_all();
+    assert_eq!(p.received(slot), Some(vec![100, 101, 102, 103]));
 }
 
 #[test]

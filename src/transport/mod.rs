@@ -9,12 +9,14 @@
 
 mod conn;
 mod context;
+mod listen;
 mod mr;
 mod recv;
 mod send;
 mod wire_io;
 
 pub use context::{DeviceContext, PortContext, choose_oob_address};
+pub use listen::ListenComm;
 pub use mr::{MrCache, MrHandle};
-pub use recv::{ListenComm, RECV_REQUESTS, RecvComm, RecvTarget};
+pub use recv::{RECV_REQUESTS, RecvComm, RecvTarget};
 pub use send::{Connecting, SEND_REQUESTS, SendComm};

@@ -1,9 +1,8 @@
-//! The receiving end: the listen comm with its resumable accept, and the receive comm.
+//! The receiving end of a connection: the receive comm (built by `listen::ListenComm::accept`).
 #![allow(unsafe_code)] // posts NCCL buffers to the NIC (see the transport module doc)
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -13,12 +12,11 @@ use super::conn::{
     describe_local, describe_remote, local_hello, path_params,
 };
 use super::mr::MrHandle;
-use super::wire_io::HandshakeStream;
 use super::{DeviceContext, PortContext};
 use crate::core::config::Config;
-use crate::core::error::{Error, Kind, Result};
+use crate::core::error::{Error, Result};
 use crate::core::proto::{Layout, RecvBuf, RecvSide, SLOTS};
-use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS};
+use crate::core::wire::{Cts, Hello, MAX_RECVS};
 use crate::verbs::{
     Access, Completion, CompletionQueue, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair,
     RemoteEndpoint, WorkRequest,
@@ -26,208 +24,6 @@ use crate::verbs::{
 
 /// Requests a receive comm can have in flight: one per slot, plus as many flushes.
 pub const RECV_REQUESTS: usize = 2 * SLOTS;
-
-#[derive(Debug)]
-enum AcceptStage {
-    Listening,
-    Hello(HandshakeStream),
-    Ready {
-        stream: HandshakeStream,
-        comm: Box<RecvComm>,
-    },
-}
-
-/// A listening endpoint. `accept` is resumable; `closeListen` may come without any accept (NCCL
-/// does that with shared connections).
-#[derive(Debug)]
-pub struct ListenComm {
-    ctx: Arc<DeviceContext>,
-    listener: TcpListener,
-    handle: ListenHandle,
-    accepting: Mutex<(Option<Instant>, Option<AcceptStage>)>,
-}
-
-impl ListenComm {
-    /// Listen on the device's out-of-band address.
-    ///
-    /// # Errors
-    /// `System` when the socket cannot be bound.
-    pub fn new(ctx: Arc<DeviceContext>) -> Result<Self> {
-        let bind = SocketAddr::new(ctx.oob_ip(), 0);
-        let listener = TcpListener::bind(bind)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .map_err(|e| Error::system(format!("cannot listen on {bind}"), e))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::system("getsockname on the listener", e))?;
-        let handle = ListenHandle {
-            addr,
-            nonce: random_nonce(),
-            members: u8::try_from(ctx.ports.len()).unwrap_or(1),
-        };
-        Ok(Self {
-            ctx,
-            listener,
-            handle,
-            accepting: Mutex::new((None, Some(AcceptStage::Listening))),
-        })
-    }
-
-    /// What `listen` returns to NCCL for the peer.
-    pub fn handle(&self) -> ListenHandle {
-        self.handle
-    }
-
-    /// Advance the accept; `Ok(Some)` when connected.
-    ///
-    /// # Errors
-    /// `Remote` when the peer misbehaves or the deadline passes; `Config` for an incompatible
-    /// peer; `System` for verbs failures.
-    pub fn accept(&self) -> Result<Option<RecvComm>> {
-        let mut guard = self.accepting.lock();
-        let deadline = *guard
-            .0
-            .get_or_insert_with(|| Instant::now() + self.ctx.config.connect_timeout);
-        loop {
-            let stage = guard
-                .1
-                .take()
-                .ok_or_else(|| Error::misuse("accept called again after it completed or failed"))?;
-            let next = match stage {
-                AcceptStage::Listening => match self.listener.accept() {
-                    Ok((tcp, peer)) => {
-                        AcceptStage::Hello(HandshakeStream::new(tcp, peer, deadline)?)
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        if Instant::now() > deadline {
-                            return Err(Error::new(
-                                Kind::Remote,
-                                format!(
-                                    "no peer connected to {} before the deadline (NCCL_NET_RS_CONNECT_TIMEOUT)",
-                                    self.handle.addr
-                                ),
-                            ));
-                        }
-                        guard.1 = Some(AcceptStage::Listening);
-                        return Ok(None);
-                    }
-                    Err(e) => {
-                        return Err(Error::system(format!("accept on {}", self.handle.addr), e));
-                    }
-                },
-                AcceptStage::Hello(mut stream) => {
-                    stream.check_deadline("waiting for the peer's QP numbers")?;
-                    let Some(bytes) = stream.receive(Hello::LEN)? else {
-                        guard.1 = Some(AcceptStage::Hello(stream));
-                        return Ok(None);
-                    };
-                    let remote = Hello::parse(&bytes)?;
-                    if remote.nonce != self.handle.nonce {
-                        return Err(Error::new(
-                            Kind::Remote,
-                            format!(
-                                "peer {} presented a handle for another listener",
-                                stream.peer
-                            ),
-                        ));
-                    }
-                    let (comm, hello) = self.build(&remote, stream.peer)?;
-                    stream.queue(&hello.emit());
-                    AcceptStage::Ready {
-                        stream,
-                        comm: Box::new(comm),
-                    }
-                }
-                AcceptStage::Ready { mut stream, comm } => {
-                    stream.check_deadline("waiting for the ready byte")?;
-                    stream.flush()?;
-                    if stream.receive(1)?.is_some() {
-                        return Ok(Some(*comm));
-                    }
-                    guard.1 = Some(AcceptStage::Ready { stream, comm });
-                    return Ok(None);
-                }
-            };
-            guard.1 = Some(next);
-        }
-    }
-
-    fn build(&self, remote: &Hello, peer: SocketAddr) -> Result<(RecvComm, Hello)> {
-        let ctx = &self.ctx;
-        check_peer(ctx, remote, peer)?;
-        let flush_wrs = if ctx.config.flush_enabled {
-            SLOTS as u32
-        } else {
-            0
-        };
-        let qps = QpSet::new(
-            ctx,
-            remote.qpns.len(),
-            RECV_QP_CAPS,
-            Access::REMOTE_WRITE.with(Access::REMOTE_READ),
-            flush_wrs,
-        )?;
-        // The sender chose traffic class and service level; use the same for the CTS direction.
-        qps.connect(ctx, remote, remote.traffic_class, remote.service_level)?;
-        let pds = ctx.pds();
-        let sizes_ring = HostRegion::new(
-            &pds,
-            SIZES_RING_BYTES,
-            Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
-        )?;
-        let cts_staging = HostRegion::new(&pds, CTS_RING_BYTES, Access::LOCAL_WRITE)?;
-        let flush = if ctx.config.flush_enabled {
-            ctx.ports
-                .iter()
-                .zip(&qps.cqs)
-                .map(|(port, cq)| FlushQp::new(port, cq, &ctx.config))
-                .collect::<Result<Vec<_>>>()?
-        } else {
-            Vec::new()
-        };
-        let hello = local_hello(ctx, &qps, remote.nonce, &sizes_ring, remote.split_data);
-        let layout = Layout {
-            nqps: qps.qps.len(),
-            split: remote.split_data,
-            local_members: ctx.ports.len(),
-            remote_members: remote.members.len(),
-        };
-        let local = describe_local(ctx);
-        let remote_desc = describe_remote(remote, peer);
-        tracing::debug!(
-            "recv comm accepted: {remote_desc} -> {local}, {} QPs",
-            layout.nqps
-        );
-        let comm = RecvComm {
-            ctx: Arc::clone(ctx),
-            qps,
-            flush,
-            cts_staging,
-            sizes_ring,
-            remote_ring_addr: remote.ring_addr,
-            remote_ring_rkeys: remote.members.iter().map(|m| m.ring_rkey).collect(),
-            local,
-            remote: remote_desc,
-            state: Mutex::new(RecvState {
-                proto: RecvSide::new(layout),
-                failed: Failure::default(),
-                completed_any: false,
-                cts_posted: 0,
-                flushes: vec![FlushSlot::Free; SLOTS],
-            }),
-        };
-        Ok((comm, hello))
-    }
-}
-
-/// A value no other listener is likely to hold: std's `RandomState` is seeded randomly per
-/// process and gives every instance different keys.
-fn random_nonce() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.finish()
-}
 
 /// A QP connected to itself: an RDMA read through it cannot pass the NIC's earlier writes into
 /// the receive buffers, so its completion proves the data is visible (to a GPU too).
@@ -307,6 +103,81 @@ pub struct RecvComm {
 }
 
 impl RecvComm {
+    /// Build the receive comm for a peer that proved it holds the listen handle: QPs connected
+    /// to the peer's, rings registered, and the hello to send back.
+    ///
+    /// # Errors
+    /// `Config` for an incompatible peer, `System` for verbs failures.
+    pub(super) fn build(
+        ctx: &Arc<DeviceContext>,
+        remote: &Hello,
+        peer: SocketAddr,
+    ) -> Result<(Self, Hello)> {
+        check_peer(ctx, remote, peer)?;
+        let flush_wrs = if ctx.config.flush_enabled {
+            SLOTS as u32
+        } else {
+            0
+        };
+        let qps = QpSet::new(
+            ctx,
+            remote.qpns.len(),
+            RECV_QP_CAPS,
+            Access::REMOTE_WRITE.with(Access::REMOTE_READ),
+            flush_wrs,
+        )?;
+        // The sender chose traffic class and service level; use the same for the CTS direction.
+        qps.connect(ctx, remote, remote.traffic_class, remote.service_level)?;
+        let pds = ctx.pds();
+        let sizes_ring = HostRegion::new(
+            &pds,
+            SIZES_RING_BYTES,
+            Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
+        )?;
+        let cts_staging = HostRegion::new(&pds, CTS_RING_BYTES, Access::LOCAL_WRITE)?;
+        let flush = if ctx.config.flush_enabled {
+            ctx.ports
+                .iter()
+                .zip(&qps.cqs)
+                .map(|(port, cq)| FlushQp::new(port, cq, &ctx.config))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        let hello = local_hello(ctx, &qps, remote.nonce, &sizes_ring, remote.split_data);
+        let layout = Layout {
+            nqps: qps.qps.len(),
+            split: remote.split_data,
+            local_members: ctx.ports.len(),
+            remote_members: remote.members.len(),
+        };
+        let local = describe_local(ctx);
+        let remote_desc = describe_remote(remote, peer);
+        tracing::debug!(
+            "recv comm accepted: {remote_desc} -> {local}, {} QPs",
+            layout.nqps
+        );
+        let comm = Self {
+            ctx: Arc::clone(ctx),
+            qps,
+            flush,
+            cts_staging,
+            sizes_ring,
+            remote_ring_addr: remote.ring_addr,
+            remote_ring_rkeys: remote.members.iter().map(|m| m.ring_rkey).collect(),
+            local,
+            remote: remote_desc,
+            state: Mutex::new(RecvState {
+                proto: RecvSide::new(layout),
+                failed: Failure::default(),
+                completed_any: false,
+                cts_posted: 0,
+                flushes: vec![FlushSlot::Free; SLOTS],
+            }),
+        };
+        Ok((comm, hello))
+    }
+
     /// The device context the comm lives on.
     pub fn context(&self) -> &Arc<DeviceContext> {
         &self.ctx

@@ -120,7 +120,9 @@ impl Connecting {
                     mut stream,
                     pending,
                 } => {
-                    stream.check_deadline("waiting for the peer's QP numbers")?;
+                    if stream.expired() {
+                        return Err(stream.late("answer with its QP numbers"));
+                    }
                     stream.flush()?;
                     let Some(bytes) = stream.receive(Hello::LEN)? else {
                         self.stage = Some(Stage::Exchange { stream, pending });
@@ -132,7 +134,9 @@ impl Connecting {
                     Stage::Ready { stream, comm }
                 }
                 Stage::Ready { mut stream, comm } => {
-                    stream.check_deadline("sending the ready byte")?;
+                    if stream.expired() {
+                        return Err(stream.late("take the ready byte"));
+                    }
                     if stream.flush()? {
                         return Ok(Some(*comm));
                     }
@@ -229,15 +233,15 @@ impl SendComm {
         &self.ctx
     }
 
-    /// Start sending `size` bytes at `addr`; `Ok(None)` until the receiver posted the matching
-    /// buffer. Returns the request index.
+    /// Start sending `size` bytes at `addr`; `Ok(None)` until the receiver posted a buffer with
+    /// this tag in the message at the head of the CTS ring. Returns the request index.
     ///
     /// # Safety
     /// `addr..addr + size` must stay valid and unchanged until `test` reports the request done
     /// (NCCL's contract for isend).
     ///
     /// # Errors
-    /// A failed comm's error; `Misuse` for a buffer outside `mr` or a tag no receive expects.
+    /// A failed comm's error; `Misuse` for a buffer outside `mr`.
     pub unsafe fn isend(
         &self,
         addr: u64,
@@ -260,8 +264,7 @@ impl SendComm {
             size,
             lkeys: mr.lkeys(),
             tag,
-        })?
-        else {
+        }) else {
             return Ok(None);
         };
         if let Some((asked, sent)) = accepted.truncated {

@@ -40,16 +40,31 @@ impl HandshakeStream {
         self.outbox.extend_from_slice(bytes);
     }
 
-    /// `Err` once the deadline passed, naming the peer and the step.
-    pub(super) fn check_deadline(&self, step: &str) -> Result<()> {
-        if Instant::now() > self.deadline {
-            return Err(remote(format!(
-                "peer {} did not complete the handshake ({step}) before the deadline \
-                 (NCCL_NET_RS_CONNECT_TIMEOUT): is the peer process alive?",
-                self.peer
-            )));
+    /// True once the deadline passed.
+    pub(super) fn expired(&self) -> bool {
+        Instant::now() > self.deadline
+    }
+
+    /// The error of a peer that did not `step` before the deadline.
+    pub(super) fn late(&self, step: &str) -> Error {
+        remote(format!(
+            "peer {} did not {step} before the deadline (NCCL_NET_RS_CONNECT_TIMEOUT): is the \
+             peer process alive?",
+            self.peer
+        ))
+    }
+
+    /// A socket error in plain words: a reset or broken pipe is the peer going away.
+    fn io_failure(&self, doing: &str, e: &std::io::Error) -> Error {
+        match e.kind() {
+            ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::ConnectionAborted => {
+                remote(format!(
+                    "peer {} closed the connection during the handshake ({e})",
+                    self.peer
+                ))
+            }
+            _ => remote(format!("{doing} peer {} failed: {e}", self.peer)),
         }
-        Ok(())
     }
 
     /// Send what is queued; `true` when nothing is left.
@@ -67,12 +82,7 @@ impl HandshakeStream {
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(remote(format!(
-                        "sending the handshake to peer {} failed: {e}",
-                        self.peer
-                    )));
-                }
+                Err(e) => return Err(self.io_failure("sending the handshake to", &e)),
             }
         }
         Ok(true)
@@ -93,12 +103,7 @@ impl HandshakeStream {
                 Ok(n) => self.inbox.extend_from_slice(&buf[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(remote(format!(
-                        "receiving the handshake from peer {} failed: {e}",
-                        self.peer
-                    )));
-                }
+                Err(e) => return Err(self.io_failure("receiving the handshake from", &e)),
             }
         }
         Ok(Some(self.inbox.drain(..len).collect()))

@@ -1,0 +1,412 @@
+//! Connection scenarios: connect and accept (reuse of listen comms, failures and their
+//! messages), misuse of the API, and resources across many connect/close cycles.
+
+use std::ffi::c_void;
+use std::io::Write;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::support::net::{DEADLINE, Handle, hex, pattern};
+use crate::{
+    Cx, RC_INTERNAL, RC_INVALID_USAGE, RC_REMOTE, RC_SYSTEM, Scenario, assert_counted, recv_each,
+    resource_counts, send_each, until_error,
+};
+
+fn thousand_connect_transfer_close_cycles(cx: &mut Cx) {
+    const CYCLES: usize = 1000;
+    let mut baseline = None;
+    for cycle in 0..CYCLES {
+        let msg = [(cycle as u64, 1 + cycle % 3000)];
+        if cx.rank == 0 {
+            let lc = if cycle == 0 {
+                cx.lc
+            } else {
+                cx.publish_listen()
+            };
+            let rc = cx.net.accept(lc);
+            cx.net.close_listen(lc);
+            if cycle == 0 {
+                assert_counted(&resource_counts());
+            }
+            recv_each(&cx.net, rc, &msg, 0);
+            cx.net.close_recv(rc);
+        } else {
+            if cycle == 0 {
+                cx.net.close_listen(cx.lc);
+            }
+            let peer = cx.peer();
+            let sc = cx.net.connect(cx.dev, &peer);
+            if cycle == 0 {
+                assert_counted(&resource_counts());
+            }
+            send_each(&cx.net, sc, &msg, 0);
+            cx.net.close_send(sc);
+        }
+        // The first cycle opens the device context (PD, socket-free); count from there.
+        if cycle == 0 {
+            baseline = Some(resource_counts());
+        }
+    }
+    let after = resource_counts();
+    assert_eq!(
+        baseline.unwrap(),
+        after,
+        "resources after {CYCLES} cycles must be back at their starting counts"
+    );
+    println!("NOTE resources stable after {CYCLES} cycles: {after:?}");
+}
+
+fn connect_to_a_closed_listener_fails_naming_the_peer(cx: &mut Cx) {
+    let (mut handle, lc) = cx.net.listen(cx.dev);
+    cx.net.close_listen(lc);
+    cx.net.close_listen(cx.lc);
+    let addr = nccl_net::core::wire::ListenHandle::parse(&handle)
+        .unwrap()
+        .addr;
+    let err = until_error(
+        DEADLINE,
+        "connect to a closed listener must not succeed",
+        || {
+            cx.net
+                .connect_step(cx.dev, &mut handle)
+                .map(|c| c.is_null())
+        },
+    );
+    assert_eq!(err, RC_REMOTE, "a peer that is not there is a remote error");
+    println!("EXPECT_STDERR cannot connect to peer {addr}");
+}
+
+fn accept_without_peer_times_out_naming_the_listener(cx: &mut Cx) {
+    let addr = {
+        let (handle, lc) = cx.net.listen(cx.dev);
+        cx.net.close_listen(cx.lc);
+        cx.lc = lc;
+        nccl_net::core::wire::ListenHandle::parse(&handle)
+            .unwrap()
+            .addr
+    };
+    let start = Instant::now();
+    let err = until_error(
+        Duration::from_secs(30),
+        "accept must give up at its deadline",
+        || cx.net.accept_step(cx.lc).map(|c| c.is_null()),
+    );
+    assert_eq!(err, RC_REMOTE);
+    assert!(
+        start.elapsed() >= Duration::from_secs(2),
+        "not before the deadline"
+    );
+    cx.net.close_listen(cx.lc);
+    println!("EXPECT_STDERR no peer connected to {addr}");
+}
+
+fn bad_arguments_are_internal_errors(cx: &mut Cx) {
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        let mut buf = vec![0u8; 64];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let req = cx.net.irecv(rc, &[(buf.as_mut_ptr(), 64, 0, mh)]);
+        cx.net.wait(req);
+        cx.net.dereg_mr(rc, mh);
+        cx.net.close_recv(rc);
+        return;
+    }
+    let (_, spare) = cx.net.listen(cx.dev);
+    let sc = cx.connect_pair();
+    let mut buf = vec![0u8; 4096];
+    let mh = cx.net.reg_mr(sc, &mut buf);
+    let p = buf.as_mut_ptr();
+    assert_eq!(
+        cx.net.isend_step(std::ptr::null_mut(), p, 8, 0, mh),
+        Err(RC_INTERNAL),
+        "NULL comm"
+    );
+    assert_eq!(
+        cx.net.isend_step(spare, p, 8, 0, mh),
+        Err(RC_INTERNAL),
+        "a listen comm is not a send comm"
+    );
+    assert_eq!(
+        cx.net.isend_step(sc, p, 8, 0, spare),
+        Err(RC_INTERNAL),
+        "a listen comm is not an mhandle"
+    );
+    assert_eq!(
+        cx.net.isend_step(sc, p, 100_000, 0, mh),
+        Err(RC_INTERNAL),
+        "size beyond the registration"
+    );
+    assert_eq!(
+        cx.net.isend_step(sc, p, -1, 0, mh),
+        Err(RC_INTERNAL),
+        "negative size"
+    );
+    assert_eq!(
+        cx.net.test_step(std::ptr::null_mut()),
+        Err(RC_INTERNAL),
+        "NULL request"
+    );
+    let mut zero: Handle = [0; 128];
+    assert_eq!(
+        cx.net.connect_step(cx.dev, &mut zero),
+        Err(RC_INTERNAL),
+        "unknown handle"
+    );
+    assert_eq!(
+        cx.net.reg_mr_dmabuf_step(sc, &mut buf, -1),
+        Err(RC_SYSTEM),
+        "DMA-BUF with a bad fd"
+    );
+    println!("EXPECT_STDERR regMrDmaBuf failed: ibv_reg_dmabuf_mr of 4096 bytes");
+    cx.net.dereg_mr(sc, std::ptr::null_mut());
+    let req = cx.net.isend(sc, p, 64, 0, mh);
+    cx.net.wait(req);
+    cx.net.dereg_mr(sc, mh);
+    cx.net.close_send(sc);
+    cx.net.close_listen(spare);
+}
+
+fn gid_mismatch_fails_naming_both_gids(cx: &mut Cx) {
+    // Rank 0 uses GID index 0 (link-local IPv6), rank 1 the automatic IPv4 GID.
+    if cx.rank == 0 {
+        let err = until_error(
+            DEADLINE,
+            "an incompatible peer must not be accepted",
+            || cx.net.accept_step(cx.lc).map(|c| c.is_null()),
+        );
+        assert_eq!(
+            err, RC_INVALID_USAGE,
+            "an incompatible GID setup is a configuration error"
+        );
+        cx.net.close_listen(cx.lc);
+        println!("EXPECT_STDERR GID mismatch: local rxe0 GID index 0");
+        println!("EXPECT_STDERR remote rxe0 at ");
+    } else {
+        cx.net.close_listen(cx.lc);
+        let mut peer = cx.peer();
+        let err = until_error(DEADLINE, "the peer refuses this connection", || {
+            cx.net.connect_step(cx.dev, &mut peer).map(|c| c.is_null())
+        });
+        assert_eq!(
+            err, RC_REMOTE,
+            "the connecting side sees the peer drop the handshake"
+        );
+    }
+}
+
+fn peer_gone_gives_an_error_in_plain_words(cx: &mut Cx) {
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        let mut buf = vec![0u8; 2 * 4096];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let first = cx.net.irecv(rc, &[(buf.as_mut_ptr(), 4096, 0, mh)]);
+        let _second = cx
+            .net
+            .irecv(rc, &[(buf.as_mut_ptr().wrapping_add(4096), 4096, 0, mh)]);
+        cx.net.wait(first);
+        // Tear the receiving end down, then tell the sender (through the handle relay).
+        cx.net.close_recv(rc);
+        cx.net.dereg_mr(std::ptr::null_mut(), mh);
+        let (h, lc) = cx.net.listen(cx.dev);
+        println!("HANDLE {}", hex(&h));
+        std::io::stdout().flush().unwrap();
+        cx.net.close_listen(lc);
+    } else {
+        let sc = cx.connect_pair();
+        let mut buf = vec![7u8; 4096];
+        let mh = cx.net.reg_mr(sc, &mut buf);
+        let first = cx.net.isend(sc, buf.as_mut_ptr(), 4096, 0, mh);
+        cx.net.wait(first);
+        let _receiver_gone = cx.peer();
+        let second = cx.net.isend(sc, buf.as_mut_ptr(), 4096, 0, mh);
+        let err = until_error(DEADLINE, "a send to a destroyed QP cannot complete", || {
+            cx.net.test_step(second).map(|done| done.is_none())
+        });
+        assert_eq!(err, RC_REMOTE, "a vanished peer is a remote error");
+        assert_eq!(
+            cx.net.test_step(second),
+            Err(RC_REMOTE),
+            "the comm keeps reporting its failure"
+        );
+        cx.net.close_send(sc);
+        cx.net.dereg_mr(std::ptr::null_mut(), mh);
+        println!("EXPECT_STDERR work completion failed: transport retry counter exceeded");
+        println!("EXPECT_STDERR likely cause: retry exceeded: the peer stopped answering");
+    }
+}
+
+/// Receiver side of `rounds` connections accepted one after another on the startup listen comm,
+/// each moving one verified message.
+fn accept_rounds(cx: &mut Cx, rounds: u64) {
+    for round in 0..rounds {
+        let rc = cx.net.accept(cx.lc);
+        recv_each(&cx.net, rc, &[(round + 1, 1000 + 4096 * round as usize)], 0);
+        cx.net.close_recv(rc);
+    }
+    cx.net.close_listen(cx.lc);
+}
+
+/// Sender side: connect to the same handle `rounds` times.
+fn connect_rounds(cx: &mut Cx, rounds: u64) {
+    cx.net.close_listen(cx.lc);
+    let peer = cx.peer();
+    for round in 0..rounds {
+        let sc = cx.net.connect(cx.dev, &peer);
+        send_each(&cx.net, sc, &[(round + 1, 1000 + 4096 * round as usize)], 0);
+        cx.net.close_send(sc);
+    }
+}
+
+/// NCCL's transport frees its accept state when an accept completes (`lComm->stage = NULL` in
+/// `ncclIbAcceptImpl`, net_ib/connect.cc), so one listen comm serves one connect after another.
+fn listen_comm_serves_five_connections_in_turn(cx: &mut Cx) {
+    if cx.rank == 0 {
+        accept_rounds(cx, 5);
+    } else {
+        connect_rounds(cx, 5);
+    }
+}
+
+/// Two connects to one handle in progress at once; two accepts on the listen comm return one
+/// comm each, and each carries the data of one of the sends.
+fn two_connects_pending_on_one_listen_comm(cx: &mut Cx) {
+    let msgs = [(201u64, 3000usize), (202, 5000)];
+    if cx.rank == 0 {
+        let rcs = [cx.net.accept(cx.lc), cx.net.accept(cx.lc)];
+        cx.net.close_listen(cx.lc);
+        let mut bufs = [vec![0u8; 8192], vec![0u8; 8192]];
+        let mut got = Vec::new();
+        for (rc, buf) in rcs.iter().zip(bufs.iter_mut()) {
+            let mh = cx.net.reg_mr(*rc, buf);
+            let size = cx
+                .net
+                .wait(cx.net.irecv(*rc, &[(buf.as_mut_ptr(), 8192, 0, mh)]))[0];
+            let msg = msgs
+                .iter()
+                .find(|m| m.1 as i32 == size)
+                .unwrap_or_else(|| panic!("a {size}-byte message was never sent"));
+            assert!(
+                buf[..msg.1] == pattern(msg.0, msg.1)[..],
+                "payload of message {}",
+                msg.0
+            );
+            got.push(msg.0);
+            cx.net.dereg_mr(*rc, mh);
+            cx.net.close_recv(*rc);
+        }
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            [201, 202],
+            "each accepted comm carries one of the two connections"
+        );
+    } else {
+        cx.net.close_listen(cx.lc);
+        let peer = cx.peer();
+        let mut handles = [peer, peer];
+        let mut comms: [*mut c_void; 2] = [std::ptr::null_mut(); 2];
+        let start = Instant::now();
+        while comms.iter().any(|c| c.is_null()) {
+            for (c, h) in comms.iter_mut().zip(handles.iter_mut()) {
+                if c.is_null() {
+                    *c = cx.net.connect_step(cx.dev, h).unwrap();
+                }
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "two connects to one handle never finished"
+            );
+        }
+        for (sc, msg) in comms.iter().zip(msgs) {
+            send_each(&cx.net, *sc, &[msg], 0);
+            cx.net.close_send(*sc);
+        }
+    }
+}
+
+/// A peer that proves it holds the handle and then vanishes fails that accept; the listen comm
+/// serves the next peer (NCCL's transport resets its accept state on failure too).
+fn failed_accept_leaves_the_listen_comm_usable(cx: &mut Cx) {
+    if cx.rank == 0 {
+        let err = until_error(DEADLINE, "the vanished peer's accept must fail", || {
+            cx.net.accept_step(cx.lc).map(|c| c.is_null())
+        });
+        assert_eq!(
+            err, RC_REMOTE,
+            "a peer that vanished mid-handshake is a remote error"
+        );
+        println!("EXPECT_STDERR closed the connection during the handshake");
+        accept_rounds(cx, 1);
+    } else {
+        cx.net.close_listen(cx.lc);
+        let peer = cx.peer();
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args(["--half-connect", &hex(&peer), "--dev", &cx.dev.to_string()])
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "the half-connecting helper failed: {status}"
+        );
+        let sc = cx.net.connect(cx.dev, &peer);
+        send_each(&cx.net, sc, &[(1, 1000)], 0);
+        cx.net.close_send(sc);
+    }
+}
+
+pub(crate) const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "listen_comm_serves_five_connections_in_turn",
+        ranks: 2,
+        run: listen_comm_serves_five_connections_in_turn,
+        env: &[],
+    },
+    Scenario {
+        name: "two_connects_pending_on_one_listen_comm",
+        ranks: 2,
+        run: two_connects_pending_on_one_listen_comm,
+        env: &[],
+    },
+    Scenario {
+        name: "failed_accept_leaves_the_listen_comm_usable",
+        ranks: 2,
+        run: failed_accept_leaves_the_listen_comm_usable,
+        env: &[],
+    },
+    Scenario {
+        name: "bad_arguments_are_internal_errors",
+        ranks: 2,
+        run: bad_arguments_are_internal_errors,
+        env: &[],
+    },
+    Scenario {
+        name: "connect_to_a_closed_listener_fails_naming_the_peer",
+        ranks: 1,
+        run: connect_to_a_closed_listener_fails_naming_the_peer,
+        env: &[],
+    },
+    Scenario {
+        name: "accept_without_peer_times_out_naming_the_listener",
+        ranks: 1,
+        run: accept_without_peer_times_out_naming_the_listener,
+        env: &[&[("NCCL_NET_RS_CONNECT_TIMEOUT", "2")]],
+    },
+    Scenario {
+        name: "gid_mismatch_fails_naming_both_gids",
+        ranks: 2,
+        run: gid_mismatch_fails_naming_both_gids,
+        env: &[&[("NCCL_IB_GID_INDEX", "0")], &[]],
+    },
+    Scenario {
+        name: "peer_gone_gives_an_error_in_plain_words",
+        ranks: 2,
+        run: peer_gone_gives_an_error_in_plain_words,
+        env: &[&[("NCCL_IB_TIMEOUT", "8"), ("NCCL_IB_RETRY_CNT", "1")]],
+    },
+    Scenario {
+        name: "thousand_connect_transfer_close_cycles",
+        ranks: 2,
+        run: thousand_connect_transfer_close_cycles,
+        env: &[],
+    },
+];

@@ -1,0 +1,700 @@
+//! Data-path scenarios: transfers of every size and layout, grouped receives, truncation,
+//! flush, fused devices and relaxed ordering.
+
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+use crate::support::net::{DEADLINE, pattern};
+use crate::{Cx, REG_SHIM, Scenario, exchange, port_packets, recv_each, send_each, sized_messages};
+
+fn transfer_sizes(cx: &mut Cx) {
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        recv_each(&cx.net, rc, &sized_messages(), 7);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        send_each(&cx.net, sc, &sized_messages(), 7);
+        cx.net.close_send(sc);
+    }
+}
+
+fn many_messages(cx: &mut Cx) {
+    // 40 messages rotate over every QP of the connection and wrap the 32 slots.
+    let msgs: Vec<(u64, usize)> = (0..40)
+        .map(|i| (100 + i, 1000 + 997 * i as usize))
+        .collect();
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        recv_each(&cx.net, rc, &msgs, 0);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        send_each(&cx.net, sc, &msgs, 0);
+        cx.net.close_send(sc);
+    }
+}
+
+fn in_flight_32(cx: &mut Cx) {
+    const N: usize = 32;
+    const LEN: usize = 4096;
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        let mut buf = vec![0u8; N * LEN];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let base = buf.as_mut_ptr();
+        let reqs: Vec<*mut c_void> = (0..N)
+            .map(|i| {
+                // SAFETY: inside `buf`.
+                let p = base.wrapping_add(i * LEN);
+                let r = cx
+                    .net
+                    .irecv_step(rc, &[(p, LEN as i32, 0, mh)], std::ptr::null_mut())
+                    .unwrap();
+                assert!(!r.is_null(), "receive {i} of {N} must start at once");
+                r
+            })
+            .collect();
+        let extra = cx
+            .net
+            .irecv_step(rc, &[(base, LEN as i32, 0, mh)], std::ptr::null_mut())
+            .unwrap();
+        assert!(
+            extra.is_null(),
+            "receive 33 must return a NULL request while 32 are in flight"
+        );
+        for (i, r) in reqs.iter().enumerate() {
+            assert_eq!(cx.net.wait(*r)[0], LEN as i32);
+            assert!(
+                buf[i * LEN..(i + 1) * LEN] == pattern(i as u64, LEN)[..],
+                "message {i}"
+            );
+        }
+        cx.net.dereg_mr(rc, mh);
+        recv_each(&cx.net, rc, &[(99, 10)], 0);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        let mut buf: Vec<u8> = (0..N).flat_map(|i| pattern(i as u64, LEN)).collect();
+        let mh = cx.net.reg_mr(sc, &mut buf);
+        let base = buf.as_mut_ptr();
+        let reqs: Vec<*mut c_void> = (0..N)
+            .map(|i| {
+                cx.net
+                    .isend(sc, base.wrapping_add(i * LEN), LEN as i32, 0, mh)
+            })
+            .collect();
+        for r in reqs {
+            assert_eq!(cx.net.wait(r)[0], LEN as i32);
+        }
+        cx.net.dereg_mr(sc, mh);
+        send_each(&cx.net, sc, &[(99, 10)], 0);
+        cx.net.close_send(sc);
+    }
+}
+
+fn grouped_receive_of_8_matches_tags(cx: &mut Cx) {
+    const CAP: usize = 10_000;
+    let size_of_tag = |t: usize| 1000 * (t + 1) + 1;
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        let mut buf = vec![0u8; 8 * CAP];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let base = buf.as_mut_ptr();
+        let bufs: Vec<_> = (0..8)
+            .map(|t| (base.wrapping_add(t * CAP), CAP as i32, t as i32, mh))
+            .collect();
+        let sizes = cx.net.wait(cx.net.irecv(rc, &bufs));
+        for t in 0..8 {
+            assert_eq!(
+                sizes[t],
+                size_of_tag(t) as i32,
+                "size of the buffer tagged {t}"
+            );
+            let got = &buf[t * CAP..t * CAP + size_of_tag(t)];
+            assert!(
+                got == &pattern(50 + t as u64, size_of_tag(t))[..],
+                "buffer tagged {t} holds another send"
+            );
+        }
+        cx.net.dereg_mr(rc, mh);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        let order = [5usize, 2, 7, 0, 3, 6, 1, 4];
+        let mut bufs: Vec<Vec<u8>> = order
+            .iter()
+            .map(|&t| pattern(50 + t as u64, size_of_tag(t)))
+            .collect();
+        let mhs: Vec<*mut c_void> = bufs.iter_mut().map(|b| cx.net.reg_mr(sc, b)).collect();
+        let reqs: Vec<*mut c_void> = order
+            .iter()
+            .zip(bufs.iter_mut())
+            .zip(&mhs)
+            .map(|((&t, b), &mh)| {
+                cx.net
+                    .isend(sc, b.as_mut_ptr(), b.len() as i32, t as i32, mh)
+            })
+            .collect();
+        for (r, &t) in reqs.iter().zip(&order) {
+            assert_eq!(cx.net.wait(*r)[0], size_of_tag(t) as i32);
+        }
+        for mh in mhs {
+            cx.net.dereg_mr(sc, mh);
+        }
+        cx.net.close_send(sc);
+    }
+}
+
+fn sentinel_request_is_overwritten(cx: &mut Cx) {
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        let mut buf = vec![0u8; 64];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let sentinel = 0x1 as *mut c_void;
+        let req = cx
+            .net
+            .irecv_step(rc, &[(buf.as_mut_ptr(), 64, 3, mh)], sentinel)
+            .unwrap();
+        assert!(
+            req != sentinel && !req.is_null(),
+            "irecv must replace the 0x1 sentinel with a request"
+        );
+        assert_eq!(cx.net.wait(req)[0], 64);
+        assert!(buf == pattern(3, 64));
+        cx.net.dereg_mr(rc, mh);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        send_each(&cx.net, sc, &[(3, 64)], 3);
+        cx.net.close_send(sc);
+    }
+}
+
+fn oversized_send_is_truncated(cx: &mut Cx) {
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        let mut buf = vec![0xa5u8; 8192];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let req = cx.net.irecv(rc, &[(buf.as_mut_ptr(), 1000, 1, mh)]);
+        assert_eq!(
+            cx.net.wait(req)[0],
+            1000,
+            "the receiver reports the bytes that arrived"
+        );
+        assert!(buf[..1000] == pattern(9, 4096)[..1000]);
+        assert!(
+            buf[1000..].iter().all(|&b| b == 0xa5),
+            "nothing may be written past the posted buffer"
+        );
+        cx.net.dereg_mr(rc, mh);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        let mut buf = pattern(9, 4096);
+        let mh = cx.net.reg_mr(sc, &mut buf);
+        let req = cx.net.isend(sc, buf.as_mut_ptr(), 4096, 1, mh);
+        assert_eq!(
+            cx.net.wait(req)[0],
+            1000,
+            "the sender completes with the truncated size"
+        );
+        cx.net.dereg_mr(sc, mh);
+        cx.net.close_send(sc);
+    }
+}
+
+fn flush_after_receive(cx: &mut Cx) {
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        let mut buf = vec![0u8; 4096];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let req = cx.net.irecv(rc, &[(buf.as_mut_ptr(), 4096, 0, mh)]);
+        assert_eq!(cx.net.wait(req)[0], 4096);
+        let flush = cx.net.iflush(rc, &[(buf.as_mut_ptr(), 4096, mh)]);
+        assert!(
+            !flush.is_null(),
+            "a flush of received data returns a request"
+        );
+        cx.net.wait(flush);
+        assert!(
+            cx.net.iflush(rc, &[(buf.as_mut_ptr(), 0, mh)]).is_null(),
+            "nothing to flush: NULL request"
+        );
+        assert!(buf == pattern(4, 4096));
+        cx.net.dereg_mr(rc, mh);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        send_each(&cx.net, sc, &[(4, 4096)], 0);
+        cx.net.close_send(sc);
+    }
+}
+
+fn close_with_requests_in_flight(cx: &mut Cx) {
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        let mut buf = vec![0u8; 4 * 65536];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let base = buf.as_mut_ptr();
+        let reqs: Vec<_> = (0..4)
+            .map(|i| {
+                cx.net
+                    .irecv(rc, &[(base.wrapping_add(i * 65536), 65536, 0, mh)])
+            })
+            .collect();
+        cx.net.wait(reqs[0]);
+        cx.net.close_recv(rc);
+        cx.net.dereg_mr(std::ptr::null_mut(), mh);
+    } else {
+        let sc = cx.connect_pair();
+        let mut buf = pattern(1, 65536);
+        let mh = cx.net.reg_mr(sc, &mut buf);
+        let first = cx.net.isend(sc, buf.as_mut_ptr(), 65536, 0, mh);
+        cx.net.wait(first);
+        let _in_flight = cx.net.isend(sc, buf.as_mut_ptr(), 65536, 0, mh);
+        cx.net.close_send(sc);
+        cx.net.dereg_mr(std::ptr::null_mut(), mh);
+    }
+}
+
+fn both_directions_at_once(cx: &mut Cx) {
+    let (sc, rc) = cx.connect_and_accept();
+    exchange(cx, sc, rc, 65_536);
+}
+
+fn ring_of_three(cx: &mut Cx) {
+    let (sc, rc) = cx.connect_and_accept();
+    exchange(cx, sc, rc, 1 << 20);
+}
+
+/// Rank 0 sends every size to rank 1, then rank 1 sends them back, each verified byte for byte;
+/// afterwards every device in `members` must have sent and received at least `min_packets`
+/// more packets than before (so every member of a fused device carried traffic).
+fn both_ways_over(cx: &mut Cx, expected_device: &str, members: &[&str], min_packets: u64) {
+    assert_eq!(cx.net.device_name(cx.dev), expected_device);
+    let before: Vec<(u64, u64)> = members.iter().map(|m| port_packets(m)).collect();
+    let (sc, rc) = cx.connect_and_accept();
+    let msgs = sized_messages();
+    if cx.rank == 0 {
+        send_each(&cx.net, sc, &msgs, 3);
+        recv_each(&cx.net, rc, &msgs, 3);
+    } else {
+        recv_each(&cx.net, rc, &msgs, 3);
+        send_each(&cx.net, sc, &msgs, 3);
+    }
+    cx.net.close_send(sc);
+    cx.net.close_recv(rc);
+    if cx.rank == 0 {
+        for (member, (sent0, rcvd0)) in members.iter().zip(before) {
+            let (sent, rcvd) = port_packets(member);
+            let (sent, rcvd) = (sent - sent0, rcvd - rcvd0);
+            println!("NOTE {member}: {sent} packets sent, {rcvd} received");
+            assert!(
+                sent >= min_packets && rcvd >= min_packets,
+                "{member} carried too little of the fused traffic: {sent} sent, {rcvd} received"
+            );
+        }
+    }
+}
+
+fn fused_both_ways(cx: &mut Cx) {
+    both_ways_over(cx, "rxe0+rxe1", &["rxe0", "rxe1"], 1000);
+}
+
+fn fused_against_unfused(cx: &mut Cx) {
+    let expected = if cx.rank == 0 { "rxe1+rxe2" } else { "rxe1" };
+    both_ways_over(cx, expected, &["rxe1", "rxe2"], 1000);
+}
+
+/// The registrations the LD_PRELOAD shim recorded for this process: (verb, access, refused).
+fn recorded_registrations() -> Vec<(String, u32, bool)> {
+    let path = std::env::var("RSIB_REG_LOG").expect("scenario runs with the registration shim");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .lines()
+        .map(|l| {
+            let mut words = l.split_whitespace();
+            let verb = words.next().unwrap().to_owned();
+            let access = words.next().unwrap().strip_prefix("access=0x").unwrap();
+            let access = u32::from_str_radix(access, 16).unwrap();
+            (verb, access, words.next() == Some("refused"))
+        })
+        .collect()
+}
+
+const ACCESS_RELAXED_ORDERING: u32 = 1 << 20;
+const ACCESS_REMOTE_WRITE: u32 = 2;
+
+/// A verified transfer, then what the registrations looked like. Data buffers are registered
+/// with remote write and remote read; control rings without remote read.
+fn transfer_and_record(cx: &mut Cx) -> (Vec<u32>, Vec<u32>, usize) {
+    transfer_sizes(cx);
+    let all = recorded_registrations();
+    let refused = all.iter().filter(|r| r.2).count();
+    let (data, control): (Vec<_>, Vec<_>) = all
+        .iter()
+        .filter(|r| !r.2)
+        .map(|r| r.1)
+        .partition(|access| access & 4 != 0 && access & ACCESS_REMOTE_WRITE != 0);
+    println!(
+        "NOTE {} data and {} control registrations, {refused} refused",
+        data.len(),
+        control.len()
+    );
+    assert!(!data.is_empty() && !control.is_empty(), "{all:?}");
+    assert!(
+        control.iter().all(|a| a & ACCESS_RELAXED_ORDERING == 0),
+        "control rings never use relaxed ordering: {all:?}"
+    );
+    (data, control, refused)
+}
+
+fn relaxed_ordering_on_data_only(cx: &mut Cx) {
+    let (data, _, refused) = transfer_and_record(cx);
+    assert_eq!(refused, 0);
+    assert!(
+        data.iter().all(|a| a & ACCESS_RELAXED_ORDERING != 0),
+        "every data registration asks for relaxed ordering: {data:x?}"
+    );
+    println!("EXPECT_STDERR rxe0: relaxed ordering on: under a hypervisor");
+}
+
+fn relaxed_ordering_off(cx: &mut Cx) {
+    let (data, _, _) = transfer_and_record(cx);
+    assert!(
+        data.iter().all(|a| a & ACCESS_RELAXED_ORDERING == 0),
+        "NCCL_IB_PCI_RELAXED_ORDERING=0: no registration asks for it: {data:x?}"
+    );
+    println!("EXPECT_STDERR rxe0: relaxed ordering off: turned off");
+}
+
+fn relaxed_ordering_refused_falls_back_once(cx: &mut Cx) {
+    let (data, _, refused) = transfer_and_record(cx);
+    assert_eq!(refused, 1, "one refusal, then the port stops asking");
+    assert!(
+        data.iter().all(|a| a & ACCESS_RELAXED_ORDERING == 0),
+        "after the refusal, data registrations go without the flag: {data:x?}"
+    );
+    println!("EXPECT_STDERR rxe0: registration with relaxed ordering refused");
+}
+
+/// NCCL's transport returns a NULL request when the tag matches no unmatched entry of the
+/// message at the head of the CTS ring (`ncclIbIsend`, net_ib/p2p.cc): retry later, not an error.
+fn tag_miss_is_retry_later(cx: &mut Cx) {
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        recv_each(&cx.net, rc, &[(11, 64)], 1);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        let mut buf = pattern(11, 64);
+        let mh = cx.net.reg_mr(sc, &mut buf);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(500) {
+            let req = cx.net.isend_step(sc, buf.as_mut_ptr(), 64, 2, mh);
+            assert_eq!(
+                req,
+                Ok(std::ptr::null_mut()),
+                "tag 2 is never posted: NULL, not an error"
+            );
+        }
+        let req = cx.net.isend(sc, buf.as_mut_ptr(), 64, 1, mh);
+        assert_eq!(cx.net.wait(req)[0], 64);
+        cx.net.dereg_mr(sc, mh);
+        cx.net.close_send(sc);
+    }
+}
+
+/// The receiver posts `irecv(n=1, tags={8})`, then `irecv(n=8, tags={0..7})`; the sender offers
+/// tags 0, 8, 1, ..., 7 round-robin and retries every NULL, as clients of NCCL's transport do.
+fn sends_retried_round_robin_find_their_receive(cx: &mut Cx) {
+    const CAP: usize = 10_000;
+    let size_of_tag = |t: usize| 700 * (t + 1) + 3;
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        let mut buf = vec![0u8; 9 * CAP];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let base = buf.as_mut_ptr();
+        let single = cx
+            .net
+            .irecv(rc, &[(base.wrapping_add(8 * CAP), CAP as i32, 8, mh)]);
+        let group: Vec<_> = (0..8)
+            .map(|t| (base.wrapping_add(t * CAP), CAP as i32, t as i32, mh))
+            .collect();
+        let grouped = cx.net.irecv(rc, &group);
+        assert_eq!(cx.net.wait(single)[0], size_of_tag(8) as i32);
+        let sizes = cx.net.wait(grouped);
+        for t in 0..9 {
+            if t < 8 {
+                assert_eq!(
+                    sizes[t],
+                    size_of_tag(t) as i32,
+                    "size of the buffer tagged {t}"
+                );
+            }
+            let got = &buf[t * CAP..t * CAP + size_of_tag(t)];
+            assert!(
+                got == &pattern(60 + t as u64, size_of_tag(t))[..],
+                "buffer tagged {t}"
+            );
+        }
+        cx.net.dereg_mr(rc, mh);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        let mut bufs: Vec<Vec<u8>> = (0..9)
+            .map(|t| pattern(60 + t as u64, size_of_tag(t)))
+            .collect();
+        let mhs: Vec<*mut c_void> = bufs.iter_mut().map(|b| cx.net.reg_mr(sc, b)).collect();
+        let mut waiting: std::collections::VecDeque<usize> = [0, 8, 1, 2, 3, 4, 5, 6, 7].into();
+        let mut reqs = Vec::new();
+        let (start, mut nulls) = (Instant::now(), 0);
+        while let Some(t) = waiting.pop_front() {
+            let b = &mut bufs[t];
+            let req = cx
+                .net
+                .isend_step(sc, b.as_mut_ptr(), b.len() as i32, t as i32, mhs[t])
+                .unwrap();
+            if req.is_null() {
+                nulls += 1;
+                waiting.push_back(t);
+            } else {
+                reqs.push((t, req));
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "sends never matched: {waiting:?}"
+            );
+        }
+        assert!(
+            nulls > 0,
+            "tag 0 cannot match while the tag-8 receive is at the head"
+        );
+        for (t, req) in reqs {
+            assert_eq!(cx.net.wait(req)[0], size_of_tag(t) as i32);
+        }
+        for mh in mhs {
+            cx.net.dereg_mr(sc, mh);
+        }
+        cx.net.close_send(sc);
+    }
+}
+
+/// A grouped receive whose entries all carry one tag is filled in posting order.
+fn equal_tags_fill_a_group_in_posting_order(cx: &mut Cx) {
+    const CAP: usize = 4096;
+    let size_of = |i: usize| 1000 + 333 * i;
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        let mut buf = vec![0u8; 4 * CAP];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let base = buf.as_mut_ptr();
+        let group: Vec<_> = (0..4)
+            .map(|i| (base.wrapping_add(i * CAP), CAP as i32, 5, mh))
+            .collect();
+        let sizes = cx.net.wait(cx.net.irecv(rc, &group));
+        for i in 0..4 {
+            assert_eq!(sizes[i], size_of(i) as i32, "buffer {i} takes send {i}");
+            assert!(buf[i * CAP..i * CAP + size_of(i)] == pattern(70 + i as u64, size_of(i))[..]);
+        }
+        cx.net.dereg_mr(rc, mh);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        let mut bufs: Vec<Vec<u8>> = (0..4).map(|i| pattern(70 + i as u64, size_of(i))).collect();
+        let mhs: Vec<*mut c_void> = bufs.iter_mut().map(|b| cx.net.reg_mr(sc, b)).collect();
+        let reqs: Vec<_> = bufs
+            .iter_mut()
+            .zip(&mhs)
+            .map(|(b, &mh)| cx.net.isend(sc, b.as_mut_ptr(), b.len() as i32, 5, mh))
+            .collect();
+        for (i, req) in reqs.into_iter().enumerate() {
+            assert_eq!(cx.net.wait(req)[0], size_of(i) as i32);
+        }
+        for mh in mhs {
+            cx.net.dereg_mr(sc, mh);
+        }
+        cx.net.close_send(sc);
+    }
+}
+
+const SPLIT4: &[(&str, &str)] = &[
+    ("NCCL_IB_QPS_PER_CONNECTION", "4"),
+    ("NCCL_IB_SPLIT_DATA_ON_QPS", "1"),
+];
+const ROTATE3: &[(&str, &str)] = &[
+    ("NCCL_IB_QPS_PER_CONNECTION", "3"),
+    ("NCCL_IB_SPLIT_DATA_ON_QPS", "0"),
+];
+
+const FUSE01: &[(&str, &str)] = &[("NCCL_NET_RS_FUSE", "rxe0+rxe1")];
+const FUSE01_SPLIT4: &[(&str, &str)] = &[
+    ("NCCL_NET_RS_FUSE", "rxe0+rxe1"),
+    ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+    ("NCCL_IB_SPLIT_DATA_ON_QPS", "1"),
+];
+
+pub(crate) const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "transfer_sizes_0b_to_16mib_verified",
+        ranks: 2,
+        run: transfer_sizes,
+        env: &[],
+    },
+    // rxe1 to rxe1 (rxe's own loopback); rxe0 cannot reach rxe1 (packets to local addresses
+    // enter on `lo`, where rxe0 takes them), only the veth pair rxe1/rxe2 crosses devices.
+    Scenario {
+        name: "transfer_on_rxe1",
+        ranks: 2,
+        run: transfer_sizes,
+        env: &[&[("RSIB_TEST_DEV", "1")]],
+    },
+    Scenario {
+        name: "four_qps_split_data",
+        ranks: 2,
+        run: transfer_sizes,
+        env: &[SPLIT4],
+    },
+    Scenario {
+        name: "three_qps_round_robin",
+        ranks: 2,
+        run: many_messages,
+        env: &[ROTATE3],
+    },
+    Scenario {
+        name: "forty_messages_wrap_the_slots",
+        ranks: 2,
+        run: many_messages,
+        env: &[],
+    },
+    Scenario {
+        name: "thirty_two_requests_in_flight",
+        ranks: 2,
+        run: in_flight_32,
+        env: &[],
+    },
+    Scenario {
+        name: "grouped_receive_of_8_matches_tags",
+        ranks: 2,
+        run: grouped_receive_of_8_matches_tags,
+        env: &[],
+    },
+    Scenario {
+        name: "grouped_receive_over_split_qps",
+        ranks: 2,
+        run: grouped_receive_of_8_matches_tags,
+        env: &[SPLIT4],
+    },
+    Scenario {
+        name: "tag_miss_is_retry_later",
+        ranks: 2,
+        run: tag_miss_is_retry_later,
+        env: &[],
+    },
+    Scenario {
+        name: "sends_retried_round_robin_find_their_receive",
+        ranks: 2,
+        run: sends_retried_round_robin_find_their_receive,
+        env: &[],
+    },
+    Scenario {
+        name: "equal_tags_fill_a_group_in_posting_order",
+        ranks: 2,
+        run: equal_tags_fill_a_group_in_posting_order,
+        env: &[],
+    },
+    Scenario {
+        name: "sentinel_request_is_overwritten",
+        ranks: 2,
+        run: sentinel_request_is_overwritten,
+        env: &[],
+    },
+    Scenario {
+        name: "oversized_send_is_truncated",
+        ranks: 2,
+        run: oversized_send_is_truncated,
+        env: &[],
+    },
+    Scenario {
+        name: "flush_after_receive",
+        ranks: 2,
+        run: flush_after_receive,
+        env: &[],
+    },
+    Scenario {
+        name: "close_with_requests_in_flight",
+        ranks: 2,
+        run: close_with_requests_in_flight,
+        env: &[],
+    },
+    Scenario {
+        name: "connect_and_accept_both_directions",
+        ranks: 2,
+        run: both_directions_at_once,
+        env: &[],
+    },
+    Scenario {
+        name: "ring_of_three_processes",
+        ranks: 3,
+        run: ring_of_three,
+        env: &[],
+    },
+    // Fusion: rxe0+rxe1 against rxe0+rxe1 pairs rxe0 with rxe0 and rxe1 with rxe1; a fused
+    // rxe1+rxe2 against a lone rxe1 crosses the veth pair (rxe2 to rxe1).
+    Scenario {
+        name: "fused_rxe0_rxe1_both_directions_use_both_ports",
+        ranks: 2,
+        run: fused_both_ways,
+        env: &[FUSE01],
+    },
+    Scenario {
+        name: "fused_side_against_unfused_peer",
+        ranks: 2,
+        run: fused_against_unfused,
+        env: &[
+            &[("NCCL_NET_RS_FUSE", "rxe1+rxe2"), ("RSIB_TEST_DEV", "1")],
+            &[("RSIB_TEST_DEV", "1")],
+        ],
+    },
+    Scenario {
+        name: "fused_grouped_receive_over_split_qps",
+        ranks: 2,
+        run: grouped_receive_of_8_matches_tags,
+        env: &[FUSE01_SPLIT4],
+    },
+    Scenario {
+        name: "fused_flush_reads_through_every_member",
+        ranks: 2,
+        run: flush_after_receive,
+        env: &[FUSE01],
+    },
+    // Relaxed ordering, observed through an LD_PRELOAD shim over libibverbs. The VM is a
+    // hypervisor guest, so the default (auto) turns it on.
+    Scenario {
+        name: "relaxed_ordering_on_data_registrations_only",
+        ranks: 2,
+        run: relaxed_ordering_on_data_only,
+        env: &[&[REG_SHIM, ("NCCL_DEBUG", "INFO")]],
+    },
+    Scenario {
+        name: "relaxed_ordering_off_by_variable",
+        ranks: 2,
+        run: relaxed_ordering_off,
+        env: &[&[
+            REG_SHIM,
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_IB_PCI_RELAXED_ORDERING", "0"),
+        ]],
+    },
+    Scenario {
+        name: "relaxed_ordering_refused_falls_back_once",
+        ranks: 2,
+        run: relaxed_ordering_refused_falls_back_once,
+        env: &[&[
+            REG_SHIM,
+            ("RSIB_REFUSE_RO", "1"),
+            ("NCCL_IB_PCI_RELAXED_ORDERING", "1"),
+        ]],
+    },
+];

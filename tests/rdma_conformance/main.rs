@@ -1,0 +1,469 @@
+//! ABI conformance on Soft-RoCE: the built plugin, loaded with dlopen, driven through the
+//! `ncclNetPlugin_v8` vtable the way NCCL's proxy threads drive it, across separate processes.
+//!
+//! Runs inside the VM (`scripts/rdma-vm.sh`); fails, never skips, without rxe0/rxe1. The binary
+//! has its own `main`: without arguments it runs every scenario (or those whose name contains
+//! the first argument), each as a group of child processes of itself (`--role NAME --rank R
+//! --ranks N`). Every child listens once and prints its handle; the parent forwards the handles
+//! rank r prints to rank r-1, so rank r connects to rank r+1 (mod N) and accepts from rank r-1.
+//! In two-rank scenarios rank 0 receives and rank 1 sends.
+#![allow(clippy::unwrap_used)] // test code panics with context
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod connections;
+mod data_path;
+
+use std::ffi::c_void;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::net::{Handle, Net, hex, pattern, unhex};
+
+const RC_INTERNAL: i32 = 3;
+const RC_SYSTEM: i32 = 2;
+const RC_INVALID_USAGE: i32 = 5;
+const RC_REMOTE: i32 = 6;
+
+/// What a child process has when its scenario starts.
+struct Cx {
+    net: Net,
+    rank: usize,
+    ranks: usize,
+    dev: i32,
+    lc: *mut c_void,
+    stdin: BufReader<std::io::Stdin>,
+}
+
+impl Cx {
+    /// The next handle forwarded from rank + 1.
+    fn peer(&mut self) -> Handle {
+        let mut line = String::new();
+        self.stdin.read_line(&mut line).unwrap();
+        unhex(
+            line.trim()
+                .strip_prefix("PEER ")
+                .unwrap_or_else(|| panic!("expected PEER, got {line:?}")),
+        )
+    }
+
+    /// Listen again and publish the handle to rank - 1.
+    fn publish_listen(&mut self) -> *mut c_void {
+        let (handle, lc) = self.net.listen(self.dev);
+        println!("HANDLE {}", hex(&handle));
+        std::io::stdout().flush().unwrap();
+        lc
+    }
+
+    /// Rank 0 side of a pair: accept on the startup listen comm and close it.
+    fn accept_pair(&mut self) -> *mut c_void {
+        let rc = self.net.accept(self.lc);
+        self.net.close_listen(self.lc);
+        rc
+    }
+
+    /// Rank 1 side of a pair: close the startup listen comm without accepting (as NCCL does with
+    /// shared connections) and connect to rank 0.
+    fn connect_pair(&mut self) -> *mut c_void {
+        self.net.close_listen(self.lc);
+        let peer = self.peer();
+        self.net.connect(self.dev, &peer)
+    }
+
+    /// Connect to rank + 1 and accept from rank - 1 at the same time, as NCCL's non-blocking
+    /// connect/accept allow.
+    fn connect_and_accept(&mut self) -> (*mut c_void, *mut c_void) {
+        let peer = self.peer();
+        let comms = self.net.connect_and_accept(self.dev, &peer, self.lc);
+        self.net.close_listen(self.lc);
+        comms
+    }
+}
+
+/// Call `step` until it returns an error code and return it. Until then every call must report
+/// that nothing happened (`Ok(true)`: a NULL comm or request, a request not done), else
+/// `nothing_expected` is the assertion message; `limit` bounds the wait.
+fn until_error(
+    limit: Duration,
+    nothing_expected: &str,
+    mut step: impl FnMut() -> Result<bool, i32>,
+) -> i32 {
+    let start = Instant::now();
+    loop {
+        match step() {
+            Ok(nothing) => assert!(nothing, "{nothing_expected}"),
+            Err(rc) => return rc,
+        }
+        assert!(
+            start.elapsed() < limit,
+            "no error within {limit:?}: {nothing_expected}"
+        );
+    }
+}
+
+/// Send `msgs` (pattern seeds and sizes) one at a time from one registered buffer.
+fn send_each(net: &Net, sc: *mut c_void, msgs: &[(u64, usize)], tag: i32) {
+    let max = msgs.iter().map(|m| m.1).max().unwrap_or(0).max(1);
+    let mut buf = vec![0u8; max];
+    let mh = net.reg_mr(sc, &mut buf);
+    for &(seed, size) in msgs {
+        buf[..size].copy_from_slice(&pattern(seed, size));
+        let req = net.isend(sc, buf.as_mut_ptr(), size as i32, tag, mh);
+        assert_eq!(
+            net.wait(req)[0],
+            size as i32,
+            "sender reports the bytes sent"
+        );
+    }
+    net.dereg_mr(sc, mh);
+}
+
+/// Receive `msgs` one at a time and check every byte and the guard after each message.
+fn recv_each(net: &Net, rc: *mut c_void, msgs: &[(u64, usize)], tag: i32) {
+    let max = msgs.iter().map(|m| m.1).max().unwrap_or(0);
+    let mut buf = vec![0xa5u8; max + 4096];
+    let mh = net.reg_mr(rc, &mut buf);
+    for &(seed, size) in msgs {
+        buf.fill(0xa5);
+        let req = net.irecv(rc, &[(buf.as_mut_ptr(), size as i32, tag, mh)]);
+        assert_eq!(
+            net.wait(req)[0],
+            size as i32,
+            "received size of a {size}-byte message"
+        );
+        assert!(
+            buf[..size] == pattern(seed, size)[..],
+            "payload of the {size}-byte message differs"
+        );
+        assert!(
+            buf[size..size + 64].iter().all(|&b| b == 0xa5),
+            "bytes written past a {size}-byte message"
+        );
+    }
+    net.dereg_mr(rc, mh);
+}
+
+const SIZES: [usize; 10] = [
+    0,
+    1,
+    7,
+    1000,
+    4095,
+    4096,
+    65_537,
+    1 << 20,
+    (1 << 20) + 3,
+    16 << 20,
+];
+
+fn sized_messages() -> Vec<(u64, usize)> {
+    SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| (i as u64 + 1, s))
+        .collect()
+}
+
+/// Send pattern(rank) to rank + 1 while receiving pattern(rank - 1) from rank - 1.
+fn exchange(cx: &mut Cx, sc: *mut c_void, rc: *mut c_void, len: usize) {
+    let prev = (cx.rank + cx.ranks - 1) % cx.ranks;
+    let mut out = pattern(cx.rank as u64, len);
+    let mut inb = vec![0u8; len];
+    let (smh, rmh) = (cx.net.reg_mr(sc, &mut out), cx.net.reg_mr(rc, &mut inb));
+    let rreq = cx
+        .net
+        .irecv(rc, &[(inb.as_mut_ptr(), len as i32, prev as i32, rmh)]);
+    let sreq = cx
+        .net
+        .isend(sc, out.as_mut_ptr(), len as i32, cx.rank as i32, smh);
+    assert_eq!(cx.net.wait(sreq)[0], len as i32);
+    assert_eq!(cx.net.wait(rreq)[0], len as i32);
+    assert!(inb == pattern(prev as u64, len), "data from rank {prev}");
+    cx.net.dereg_mr(sc, smh);
+    cx.net.dereg_mr(rc, rmh);
+    cx.net.close_send(sc);
+    cx.net.close_recv(rc);
+}
+
+/// Packets a device's port sent and received so far (rxe's hardware counters).
+fn port_packets(dev: &str) -> (u64, u64) {
+    let read = |counter: &str| -> u64 {
+        let path = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/{counter}");
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    (read("sent_pkts"), read("rcvd_pkts"))
+}
+
+/// Open fds, and this process's PDs, CQs, QPs and MRs as `rdma resource` lists them.
+fn resource_counts() -> Vec<(String, usize)> {
+    let pid = format!("pid {} ", std::process::id());
+    let mut counts = vec![(
+        "fd".to_owned(),
+        std::fs::read_dir("/proc/self/fd").unwrap().count(),
+    )];
+    for kind in ["pd", "cq", "qp", "mr"] {
+        let out = Command::new("rdma")
+            .args(["resource", "show", kind])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "rdma resource show {kind}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let n = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(&pid))
+            .count();
+        counts.push((kind.to_owned(), n));
+    }
+    counts
+}
+
+/// While a connection is open its QPs, CQ and control-ring MRs must show up, or the counts
+/// prove nothing.
+fn assert_counted(live: &[(String, usize)]) {
+    for kind in ["cq", "qp", "mr"] {
+        let n = live.iter().find(|(k, _)| k == kind).map_or(0, |(_, n)| *n);
+        assert!(
+            n > 0,
+            "`rdma resource show {kind}` does not list this process's objects: {live:?}"
+        );
+    }
+}
+
+type ScenarioFn = fn(&mut Cx);
+
+struct Scenario {
+    name: &'static str,
+    ranks: usize,
+    run: ScenarioFn,
+    /// Environment per rank (same for all when one entry).
+    env: &'static [&'static [(&'static str, &'static str)]],
+}
+
+/// Runs the ranks under the registration-recording shim (see `run_scenario`).
+const REG_SHIM: (&str, &str) = ("RSIB_REG_SHIM", "1");
+
+/// Every scenario, in the order they run.
+fn scenarios() -> impl Iterator<Item = &'static Scenario> {
+    data_path::SCENARIOS.iter().chain(connections::SCENARIOS)
+}
+
+/// The registration-recording shim, compiled once.
+fn reg_shim() -> std::path::PathBuf {
+    static SHIM: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    SHIM.get_or_init(|| {
+        support::compile_c(
+            &support::repo_root().join("tests/c_host/reg_shim.c"),
+            "libreg_shim.so",
+            &["-shared", "-fPIC", "-ldl"],
+        )
+    })
+    .clone()
+}
+
+fn child(name: &str, rank: usize, ranks: usize) {
+    let scenario = scenarios()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no scenario {name}"));
+    let net = Net::load(&support::plugin_path());
+    let dev: i32 = std::env::var("RSIB_TEST_DEV")
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(0);
+    assert!(net.devices() > dev, "device {dev} missing");
+    let (handle, lc) = net.listen(dev);
+    println!("HANDLE {}", hex(&handle));
+    println!("DEVICE {}", net.device_name(dev));
+    std::io::stdout().flush().unwrap();
+    let mut cx = Cx {
+        net,
+        rank,
+        ranks,
+        dev,
+        lc,
+        stdin: BufReader::new(std::io::stdin()),
+    };
+    (scenario.run)(&mut cx);
+    println!("DONE");
+}
+
+/// Helper of `failed_accept_leaves_the_listen_comm_usable`: connect to `handle` until the hello
+/// (which proves the handle) has gone out, then exit without answering the listener's reply.
+fn half_connect(handle: &str, dev: &str) {
+    let net = Net::load(&support::plugin_path());
+    let mut handle = unhex(handle);
+    let dev = dev.parse().unwrap();
+    assert!(net.connect_step(dev, &mut handle).unwrap().is_null());
+    std::thread::sleep(Duration::from_millis(200));
+    std::process::exit(0);
+}
+
+/// Run one scenario's processes; `Err` describes the failure.
+fn run_scenario(s: &Scenario) -> Result<(), String> {
+    let exe = std::env::current_exe().unwrap();
+    let mut children: Vec<Child> = (0..s.ranks)
+        .map(|rank| {
+            let env = s
+                .env
+                .get(rank)
+                .or_else(|| s.env.first())
+                .copied()
+                .unwrap_or(&[]);
+            let mut cmd = Command::new(&exe);
+            if env.contains(&REG_SHIM) {
+                let log = std::env::temp_dir().join(format!("rsib-reg-{}-{rank}.log", s.name));
+                let _ = std::fs::remove_file(&log);
+                cmd.env("LD_PRELOAD", reg_shim()).env("RSIB_REG_LOG", log);
+            }
+            cmd.args([
+                "--role",
+                s.name,
+                "--rank",
+                &rank.to_string(),
+                "--ranks",
+                &s.ranks.to_string(),
+            ])
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let stdins: Vec<Arc<Mutex<std::process::ChildStdin>>> = children
+        .iter_mut()
+        .map(|c| Arc::new(Mutex::new(c.stdin.take().unwrap())))
+        .collect();
+    let mut readers = Vec::new();
+    for (rank, c) in children.iter_mut().enumerate() {
+        // Handles printed by rank r go to rank r - 1, which connects to r.
+        let target = Arc::clone(&stdins[(rank + s.ranks - 1) % s.ranks]);
+        let out = c.stdout.take().unwrap();
+        let err = c.stderr.take().unwrap();
+        readers.push(std::thread::spawn(move || {
+            let mut lines = Vec::new();
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(h) = line.strip_prefix("HANDLE ") {
+                    let _ = writeln!(target.lock().unwrap(), "PEER {h}");
+                }
+                lines.push(line);
+            }
+            lines
+        }));
+        readers.push(std::thread::spawn(move || {
+            BufReader::new(err).lines().map_while(Result::ok).collect()
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let mut statuses = vec![None; s.ranks];
+    while statuses.iter().any(Option::is_none) {
+        for (rank, c) in children.iter_mut().enumerate() {
+            if statuses[rank].is_none() {
+                statuses[rank] = c.try_wait().unwrap();
+            }
+        }
+        if Instant::now() > deadline {
+            children.iter_mut().for_each(|c| drop(c.kill()));
+            return Err("timed out after 900 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(stdins);
+    let outputs: Vec<Vec<String>> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    let mut report = String::new();
+    let mut failed = false;
+    for rank in 0..s.ranks {
+        let (out, err) = (&outputs[2 * rank], &outputs[2 * rank + 1]);
+        let status = statuses[rank].unwrap();
+        let done = out.iter().any(|l| l == "DONE");
+        let mut expectation_missed = false;
+        for expect in out.iter().filter_map(|l| l.strip_prefix("EXPECT_STDERR ")) {
+            if !err.iter().any(|l| l.contains(expect)) {
+                report.push_str(&format!("rank {rank}: stderr lacks the line '{expect}'\n"));
+                expectation_missed = true;
+            }
+        }
+        for note in out.iter().filter_map(|l| l.strip_prefix("NOTE ")) {
+            println!("    rank {rank}: {note}");
+        }
+        if !status.success() || !done || expectation_missed {
+            failed = true;
+            report.push_str(&format!(
+                "--- rank {rank} ({status}) stdout:\n{}\n--- stderr:\n{}\n",
+                out.join("\n"),
+                err.join("\n")
+            ));
+        }
+    }
+    if failed { Err(report) } else { Ok(()) }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--half-connect") {
+        half_connect(&args[i + 1], &args[i + 3]);
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--role") {
+        let arg = |flag: &str| {
+            args[args.iter().position(|a| a == flag).unwrap() + 1]
+                .parse::<usize>()
+                .unwrap()
+        };
+        child(&args[i + 1], arg("--rank"), arg("--ranks"));
+        return;
+    }
+    for dev in ["rxe0", "rxe1", "rxe2"] {
+        assert!(
+            std::path::Path::new("/sys/class/infiniband")
+                .join(dev)
+                .exists(),
+            "RDMA device {dev} is missing: run this suite through scripts/rdma-vm.sh, which creates rxe0, rxe1 and rxe2"
+        );
+    }
+    let filter = args
+        .iter()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .cloned()
+        .unwrap_or_default();
+    let chosen: Vec<&Scenario> = scenarios().filter(|s| s.name.contains(&filter)).collect();
+    println!("\nrunning {} tests", chosen.len());
+    let start = Instant::now();
+    let mut failures = Vec::new();
+    for s in &chosen {
+        let t = Instant::now();
+        let outcome = run_scenario(s);
+        let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
+        println!(
+            "test {} ... {verdict} ({:.1}s)",
+            s.name,
+            t.elapsed().as_secs_f64()
+        );
+        if let Err(report) = outcome {
+            failures.push((s.name, report));
+        }
+    }
+    for (name, report) in &failures {
+        println!("\n---- {name} ----\n{report}");
+    }
+    let passed = chosen.len() - failures.len();
+    let result = if failures.is_empty() { "ok" } else { "FAILED" };
+    println!(
+        "\ntest result: {result}. {passed} passed; {} failed; 0 ignored; 0 measured; {} filtered out; finished in {:.2}s\n",
+        failures.len(),
+        scenarios().count() - chosen.len(),
+        start.elapsed().as_secs_f64()
+    );
+    std::process::exit(i32::from(!failures.is_empty()));
+}
