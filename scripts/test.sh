@@ -70,10 +70,12 @@ while read -r p f; do
   passed=$((passed + p)) failed=$((failed + f))
 done < <(cat "$logs"/host-tests.log "$logs"/gpu-tests.log "$logs"/rdma-vm-tests.log 2>/dev/null |
   sed -n 's/.*test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p')
-skipped="$(cat "$logs"/*.log 2>/dev/null | grep -cE '^[a-z0-9_]+: skipped: ')"
+# With --nocapture libtest prints "test NAME ... " and the test's own line on one line.
+skip_lines="$(cat "$logs"/*.log 2>/dev/null | grep -oE '[a-z0-9_]+: skipped: .*')"
+skipped="$(printf '%s' "$skip_lines" | grep -c .)"
 passed=$((passed - skipped))
 echo
-grep -hE '^[a-z0-9_]+: skipped: ' "$logs"/*.log 2>/dev/null | sed 's/^/skipped test: /'
+[ -n "$skip_lines" ] && printf '%s\n' "$skip_lines" | sed 's/^/skipped test: /'
 for s in "${failed_steps[@]}"; do echo "failed step: $s (see target/test-logs/$s.log)"; done
 failed=$((failed + ${#failed_steps[@]}))
 echo "summary: $passed passed, $failed failed, $skipped skipped"
