@@ -10,6 +10,7 @@
 # it; with it, cross-device traffic (a fused rxe1+rxe2 against a lone rxe1) works in one VM.
 #
 # usage: vm-guest.sh WORKDIR
+#        vm-guest.sh --restore-veth   (inside the VM: both veth ends up, routes back)
 work="$1"
 
 sysctl_all() {
@@ -17,6 +18,15 @@ sysctl_all() {
   for dev in all default lo veth0 veth1; do
     sysctl -qw "net.ipv4.conf.$dev.$1=$2" || return 1
   done
+}
+
+# Routes and neighbours of the veth pair; the kernel drops them when an end goes down, so tests
+# that take a link down call `vm-guest.sh --restore-veth` afterwards.
+veth_routes() {
+  ip route replace 127.0.1.2/32 dev veth0 src 127.0.1.1 table 100 &&
+    ip route replace 127.0.1.1/32 dev veth1 src 127.0.1.2 table 100 &&
+    ip neigh replace 127.0.1.2 lladdr "$(cat /sys/class/net/veth1/address)" dev veth0 nud permanent &&
+    ip neigh replace 127.0.1.1 lladdr "$(cat /sys/class/net/veth0/address)" dev veth1 nud permanent
 }
 
 setup_veth_pair() {
@@ -29,13 +39,15 @@ setup_veth_pair() {
     ip rule add pref 100 lookup local && ip rule del pref 0 &&
     ip rule add pref 10 iif veth0 lookup local &&
     ip rule add pref 11 iif veth1 lookup local &&
-    ip route add 127.0.1.2/32 dev veth0 src 127.0.1.1 table 100 &&
-    ip route add 127.0.1.1/32 dev veth1 src 127.0.1.2 table 100 &&
     ip rule add pref 20 to 127.0.1.2 lookup 100 &&
     ip rule add pref 21 to 127.0.1.1 lookup 100 &&
-    ip neigh replace 127.0.1.2 lladdr "$(cat /sys/class/net/veth1/address)" dev veth0 nud permanent &&
-    ip neigh replace 127.0.1.1 lladdr "$(cat /sys/class/net/veth0/address)" dev veth1 nud permanent
+    veth_routes
 }
+
+if [ "$work" = --restore-veth ]; then
+  ip link set veth0 up && ip link set veth1 up && veth_routes
+  exit
+fi
 
 setup_rxe() {
   modprobe rdma_rxe &&

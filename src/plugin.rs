@@ -11,8 +11,9 @@ use crate::core::error::{Error, Result};
 use crate::log::{self, INIT_TARGET};
 pub use crate::topology::MemorySupport;
 use crate::topology::{
-    DmaBuf, FusionPolicy, HcaFilter, PeerMem, RelaxedOrderingInputs, Selection, SysfsRoot,
-    VirtualDevice, detect_hypervisor, fuse, gdr_verdict, relaxed_ordering, select_devices,
+    DmaBuf, FusionPolicy, HcaFilter, LinkLayer, PeerMem, RelaxedOrderingInputs, Selection,
+    SysfsRoot, VirtualDevice, detect_hypervisor, fuse, gdr_verdict, relaxed_ordering,
+    select_devices, select_gid,
 };
 use crate::transport::DeviceContext;
 use crate::verbs::{self, Discovery};
@@ -57,9 +58,11 @@ impl Plugin {
     /// `Config` when a variable has an invalid value (init is retried on the next call).
     pub fn init() -> Result<&'static Self> {
         PLUGIN.get_or_try_init(|| {
-            let config = Config::from_vars(std::env::vars())?;
+            let config = Config::from_lookup(|name| std::env::var_os(name))?;
             log::set_filter(&config.log_directive);
-            let plugin = Self::discover(config, &SysfsRoot::default());
+            let sysfs = SysfsRoot::default();
+            let plugin = Self::discover(config, &sysfs);
+            plugin.check_gid_index(&sysfs)?;
             plugin.log_banner();
             Ok(plugin)
         })
@@ -169,6 +172,26 @@ impl Plugin {
             tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: not used: {}", selection.skipped.join("; "));
         }
         Ok(selection)
+    }
+
+    /// `NCCL_IB_GID_INDEX` names one GID index for every RoCE port: refuse it here, naming the
+    /// variable, when a selected port has no such GID, rather than at the first `listen`.
+    fn check_gid_index(&self, sysfs: &SysfsRoot) -> Result<()> {
+        let Some(index) = self.config.gid_index else {
+            return Ok(());
+        };
+        let roce_ports = self
+            .devices
+            .iter()
+            .flat_map(|d| &d.virt.members)
+            .filter(|m| m.link_layer == LinkLayer::Ethernet);
+        for port in roce_ports {
+            let gids = sysfs.port_gids(&port.device, port.port);
+            let config = &self.config;
+            select_gid(&gids, Some(index), config.addr_family, config.roce_version)
+                .map_err(|why| Error::config(format!("{why} on {}:{}", port.device, port.port)))?;
+        }
+        Ok(())
     }
 
     fn log_banner(&self) {

@@ -89,3 +89,29 @@ fn logs_go_to_stderr_without_an_nccl_logger_only_when_null() {
         run.stderr
     );
 }
+
+fn non_utf8() -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    std::ffi::OsString::from_vec(vec![0xff, 0xfe])
+}
+
+#[test]
+fn an_unrelated_non_utf8_variable_leaves_init_working() {
+    let run = support::run_host_with(vec![("RSIB_UNRELATED".into(), non_utf8())], &[]);
+    assert_eq!(run.rc("init"), NCCL_SUCCESS, "{}", run.stdout);
+    assert!(!run.stdout.contains("panic"), "{}", run.stdout);
+}
+
+#[test]
+fn a_non_utf8_value_of_our_own_variable_is_refused_naming_it() {
+    let run = support::run_host_with(vec![("NCCL_IB_HCA".into(), non_utf8())], &[]);
+    assert_eq!(run.rc("init"), 5, "ncclInvalidUsage");
+    assert!(
+        run.logs()
+            .iter()
+            .any(|l| l.get("msg").starts_with("init failed: NCCL_IB_HCA=")
+                && l.get("msg").contains("not UTF-8")),
+        "{}",
+        run.stdout
+    );
+}

@@ -264,3 +264,26 @@ fn fusion_off_gives_separate_devices_and_says_why() {
         typo.stdout
     );
 }
+
+#[test]
+fn gid_index_missing_on_a_device_is_refused_at_init_naming_the_variable() {
+    require_rxe_devices();
+    let run = run_host(&[("NCCL_IB_GID_INDEX", "99")], &[]);
+    assert_eq!(
+        run.rc("init"),
+        5,
+        "ncclInvalidUsage at init, not at the first listen"
+    );
+    let warn = run
+        .logs()
+        .into_iter()
+        .find(|l| l.get("msg").starts_with("init failed: "))
+        .expect("one line saying why init failed");
+    assert!(
+        warn.get("msg")
+            .contains("NCCL_IB_GID_INDEX=99 is not a populated GID")
+            && warn.get("msg").contains(" on rxe0:1"),
+        "{}",
+        warn.get("msg")
+    );
+}

@@ -5,12 +5,17 @@
 //! Requests live in a per-comm array of tokens that never moves or shrinks while the comm
 //! exists; a token names its comm and its request index, so `test` needs nothing but the token.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+
+use super::types::NCCL_NET_HANDLE_MAXSIZE;
 use crate::core::error::{Error, Result};
 use crate::core::wire::ListenHandle;
 use crate::transport::{
-    Connecting, ListenComm, MrHandle, RECV_REQUESTS, RecvComm, SEND_REQUESTS, SendComm,
+    Connecting, ListenComm, MrHandle, RECV_REQUESTS, RecvComm, SEND_REQUESTS, SendComm, random_u64,
 };
 
 const LISTEN_TAG: u32 = 0x4c53_4e52; // "RNSL"
@@ -259,53 +264,56 @@ unsafe fn borrow_token<'a>(ptr: *mut c_void) -> Result<&'a Token> {
     Ok(unsafe { &*ptr.cast::<Token>() })
 }
 
-/// Where `connect` keeps its state between calls: NCCL passes the same handle buffer to every
-/// call of one connect, so the bytes after the wire handle hold a marker and a pointer.
+/// Where `connect` keeps its state between calls. NCCL passes the same handle buffer to every
+/// call of one connect, but a handle crosses processes and hosts, so nothing in it is trusted as
+/// in-process state: the buffer only carries a marker and a random token after the wire handle,
+/// and the state lives here, keyed by that token. An unknown token starts a new connect from the
+/// wire handle; a forged one can name nothing but another connect's random token.
 const CONNECT_MARKER: u64 = 0x4e4e_4f43_4249_5352; // "RSIBCONN"
 const MARKER_AT: usize = 96;
+
+static CONNECTS: Lazy<Mutex<HashMap<u64, Box<Connecting>>>> = Lazy::new(Mutex::default);
 
 /// The connect in progress for this handle, or a new one.
 ///
 /// # Safety
-/// `handle` points at NCCL's 128-byte handle buffer, which only this plugin's `listen` and
-/// `connect` wrote.
+/// `handle` points at NCCL's 128-byte handle buffer.
 pub(super) unsafe fn resume_connect(
     handle: *mut u8,
     start: impl FnOnce(ListenHandle) -> Result<Connecting>,
 ) -> Result<Box<Connecting>> {
-    // SAFETY: 128 readable bytes (NCCL_NET_HANDLE_MAXSIZE).
-    let bytes = unsafe { std::slice::from_raw_parts(handle, 128) };
-    let marker = u64::from_le_bytes(
-        bytes[MARKER_AT..MARKER_AT + 8]
-            .try_into()
-            .unwrap_or_default(),
-    );
-    if marker == CONNECT_MARKER {
-        let ptr = usize::from_le_bytes(
-            bytes[MARKER_AT + 8..MARKER_AT + 16]
-                .try_into()
-                .unwrap_or_default(),
-        );
-        // SAFETY: stored by `park_connect` from Box::into_raw, taken back exactly once (the
-        // marker is cleared below before anything else can read it).
-        let state = unsafe { Box::from_raw(ptr as *mut Connecting) };
-        // SAFETY: bytes 96..112 of the 128-byte handle buffer (see above).
-        let tail = unsafe { handle.add(MARKER_AT) }.cast::<[u8; 16]>();
-        // SAFETY: writable handle bytes.
-        unsafe { tail.write_unaligned([0; 16]) };
+    // SAFETY: 128 readable and writable bytes (NCCL_NET_HANDLE_MAXSIZE).
+    let bytes = unsafe { std::slice::from_raw_parts_mut(handle, NCCL_NET_HANDLE_MAXSIZE) };
+    let tail = &mut bytes[MARKER_AT..MARKER_AT + 16];
+    let marker = u64::from_le_bytes(tail[..8].try_into().unwrap_or_default());
+    let token = u64::from_le_bytes(tail[8..].try_into().unwrap_or_default());
+    tail.fill(0);
+    if marker == CONNECT_MARKER
+        && let Some(state) = CONNECTS.lock().remove(&token)
+    {
         return Ok(state);
     }
     Ok(Box::new(start(ListenHandle::parse(bytes)?)?))
 }
 
-/// Keep `state` in the handle buffer for the next `connect` call.
+/// Keep `state` for the next `connect` call on this handle buffer.
 ///
 /// # Safety
 /// As `resume_connect`.
 pub(super) unsafe fn park_connect(handle: *mut u8, state: Box<Connecting>) {
+    let mut table = CONNECTS.lock();
+    // Connects NCCL abandoned (never called again) go once their deadline is long past.
+    table.retain(|_, c| !c.abandoned());
+    let token = loop {
+        let t = random_u64();
+        if !table.contains_key(&t) {
+            break t;
+        }
+    };
+    table.insert(token, state);
     let mut tail = [0u8; 16];
     tail[..8].copy_from_slice(&CONNECT_MARKER.to_le_bytes());
-    tail[8..].copy_from_slice(&(Box::into_raw(state) as usize).to_le_bytes());
+    tail[8..].copy_from_slice(&token.to_le_bytes());
     // SAFETY: bytes 96..112 of the 128-byte handle buffer, outside the wire handle.
     let at = unsafe { handle.add(MARKER_AT) }.cast::<[u8; 16]>();
     // SAFETY: writable handle bytes.

@@ -5,6 +5,7 @@
 //! pairs instead of mutating the process environment. NCCL copies `/etc/nccl.conf` entries into
 //! the environment before it calls `init`, so those are seen too.
 
+use std::ffi::OsString;
 use std::time::Duration;
 
 use super::error::{Error, Result};
@@ -118,6 +119,11 @@ pub const KNOBS: &[Knob] = &[
         meaning: "plugin log filter, tracing syntax",
     },
     Knob {
+        name: "NCCL_IB_RETURN_ASYNC_EVENTS",
+        default: "1",
+        meaning: "1 = a fatal device event fails every comm on the device; 0 = log it only",
+    },
+    Knob {
         name: "NCCL_NET_RS_CONNECT_TIMEOUT",
         default: "120",
         meaning: "seconds connect/accept may take",
@@ -191,6 +197,8 @@ pub struct Config {
     pub relaxed_ordering: RelaxedOrdering,
     /// Probe and advertise DMA-BUF.
     pub dmabuf_enabled: bool,
+    /// Fail comms after a fatal asynchronous device event (`NCCL_IB_RETURN_ASYNC_EVENTS`).
+    pub return_async_events: bool,
 }
 
 impl Default for Config {
@@ -215,6 +223,7 @@ impl Default for Config {
             fuse: Vec::new(),
             relaxed_ordering: RelaxedOrdering::Auto,
             dmabuf_enabled: true,
+            return_async_events: true,
         }
     }
 }
@@ -263,6 +272,30 @@ fn narrow<T: TryFrom<i64>>(v: i64) -> T {
 }
 
 impl Config {
+    /// Build the configuration from the variables [`KNOBS`] names, looked up one by one with
+    /// `lookup` (the plugin passes the process environment's): nothing else in the environment is read,
+    /// so an unrelated variable holding any bytes cannot matter.
+    ///
+    /// # Errors
+    /// `Config` naming the variable when one of ours is not UTF-8 or not valid.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<OsString>) -> Result<Self> {
+        let mut vars = Vec::new();
+        for knob in KNOBS {
+            let Some(raw) = lookup(knob.name) else {
+                continue;
+            };
+            let value = raw.into_string().map_err(|raw| {
+                Error::config(format!(
+                    "{}={} is not valid: the value is not UTF-8",
+                    knob.name,
+                    raw.to_string_lossy()
+                ))
+            })?;
+            vars.push((knob.name, value));
+        }
+        Self::from_vars(vars)
+    }
+
     /// Build the configuration from `(name, value)` pairs (the caller passes the process
     /// environment). Empty values count as unset.
     ///
@@ -322,6 +355,9 @@ impl Config {
                     }
                 }
                 "NCCL_DMABUF_ENABLE" => c.dmabuf_enabled = number(name, value, 0, 1)? == 1,
+                "NCCL_IB_RETURN_ASYNC_EVENTS" => {
+                    c.return_async_events = number(name, value, 0, 1)? == 1;
+                }
                 "NCCL_SOCKET_IFNAME" => c.socket_ifname = Some(value.to_owned()),
                 "NCCL_NET_RS_CONNECT_TIMEOUT" => {
                     c.connect_timeout =
@@ -444,6 +480,29 @@ mod tests {
         let d = parse(&[]).unwrap();
         assert!(d.merge_nics && !d.merge_vfs && d.dmabuf_enabled && d.fuse.is_empty());
         assert_eq!(d.relaxed_ordering, RelaxedOrdering::Auto);
+    }
+
+    #[test]
+    fn only_our_variables_are_read_and_must_be_utf8() {
+        use std::os::unix::ffi::OsStringExt;
+        let non_utf8 = || OsString::from_vec(vec![0xff, 0xfe]);
+        let c = Config::from_lookup(|name| match name {
+            "NCCL_IB_TIMEOUT" => Some("12".into()),
+            "SOMETHING_ELSE" => Some(non_utf8()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.ib_timeout, 12);
+        let e = Config::from_lookup(|name| (name == "NCCL_IB_HCA").then(non_utf8)).unwrap_err();
+        assert!(
+            e.to_string().starts_with("NCCL_IB_HCA=") && e.to_string().contains("not UTF-8"),
+            "{e}"
+        );
+        assert!(
+            !Config::from_lookup(|n| (n == "NCCL_IB_RETURN_ASYNC_EVENTS").then(|| "0".into()))
+                .unwrap()
+                .return_async_events
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use super::error::{Error, Result};
 const HANDLE_MAGIC: u32 = 0x5253_4942; // "RSIB"
 const HELLO_MAGIC: u32 = 0x5253_4948; // "RSIH"
 /// Version of the handshake; both sides must agree.
-pub const PROTOCOL_VERSION: u8 = 2;
+pub const PROTOCOL_VERSION: u8 = 3;
 
 /// Largest number of buffers one grouped receive may carry (and CTS entries per slot).
 pub const MAX_RECVS: usize = 8;
@@ -67,10 +67,12 @@ impl ListenHandle {
         out[33..36].fill(0);
     }
 
-    /// Decode; checks magic, version and family.
+    /// Decode; checks every field (magic, version, family, address, port, member count,
+    /// reserved bytes): a handle crosses processes and hosts, so nothing in it is trusted.
     ///
     /// # Errors
-    /// `Misuse` when the bytes are not a handle written by this plugin's `listen`.
+    /// `Misuse` when the bytes are not a handle written by this plugin's `listen`; `Config` when
+    /// it was written by another version.
     pub fn parse(b: &[u8]) -> Result<Self> {
         if b.len() < Self::LEN || u32_at(b, 0) != HANDLE_MAGIC {
             return Err(Error::misuse(
@@ -99,8 +101,15 @@ impl ListenHandle {
         if members == 0 || usize::from(members) > MAX_FUSED_MEMBERS {
             return Err(bad("listen handle member count"));
         }
+        if b[33..36] != [0; 3] {
+            return Err(bad("listen handle (reserved bytes set)"));
+        }
+        let port = u16_at(b, 6);
+        if port == 0 || ip.is_unspecified() || ip.is_multicast() {
+            return Err(bad("listen handle address"));
+        }
         Ok(Self {
-            addr: SocketAddr::new(ip, u16_at(b, 6)),
+            addr: SocketAddr::new(ip, port),
             nonce: u64_at(b, 24),
             members,
         })
@@ -169,11 +178,35 @@ impl Endpoint {
     }
 }
 
+/// Which end of the handshake wrote a [`Hello`]: the connector's hello and the acceptor's reply
+/// differ, so a peer that echoes the connector's bytes back is recognised.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Written by `connect`.
+    Connect,
+    /// Written by `accept`, in answer to a connector's hello.
+    Accept,
+}
+
+impl Role {
+    fn code(self) -> u8 {
+        match self {
+            Self::Connect => 1,
+            Self::Accept => 2,
+        }
+    }
+}
+
 /// One side's description of its end of a connection, exchanged over TCP.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hello {
-    /// Echo of the listen handle's nonce.
-    pub nonce: u64,
+    /// Which side wrote it.
+    pub role: Role,
+    /// Echo of the listen handle's nonce: proof that the connector holds the handle.
+    pub listen_nonce: u64,
+    /// Chosen by the connector for this connect and echoed by the acceptor, so a reply recorded
+    /// from another connect (a replay) is refused.
+    pub connect_nonce: u64,
     /// QP numbers, one per QP of the connection, in QP index order (QP `i` lives on member
     /// `i % members.len()`).
     pub qpns: Vec<u32>,
@@ -189,8 +222,12 @@ pub struct Hello {
     pub split_data: bool,
 }
 
-const HELLO_QPNS_AT: usize = 32;
+const HELLO_QPNS_AT: usize = 40;
 const HELLO_MEMBERS_AT: usize = HELLO_QPNS_AT + 4 * MAX_CONNECTION_QPS;
+
+fn remote(what: String) -> Error {
+    Error::new(super::error::Kind::Remote, what)
+}
 
 impl Hello {
     /// Encoded size (fixed: unused QP and member slots are zero).
@@ -204,10 +241,12 @@ impl Hello {
         out[5] = u8::try_from(self.qpns.len()).unwrap_or(0);
         out[6] = u8::try_from(self.members.len()).unwrap_or(0);
         out[7] = u8::from(self.split_data);
-        out[8..16].copy_from_slice(&self.nonce.to_le_bytes());
+        out[8..16].copy_from_slice(&self.listen_nonce.to_le_bytes());
         out[16..24].copy_from_slice(&self.ring_addr.to_le_bytes());
         out[24] = self.traffic_class;
         out[25] = self.service_level;
+        out[26] = self.role.code();
+        out[32..40].copy_from_slice(&self.connect_nonce.to_le_bytes());
         for (i, q) in self.qpns.iter().take(MAX_CONNECTION_QPS).enumerate() {
             let at = HELLO_QPNS_AT + 4 * i;
             out[at..at + 4].copy_from_slice(&q.to_le_bytes());
@@ -222,22 +261,28 @@ impl Hello {
     /// Decode.
     ///
     /// # Errors
-    /// `Remote` when the peer sent something else (wrong magic, QP or member count); `Config` on
-    /// a version mismatch (different plugin versions on the two nodes).
+    /// `Remote` when the peer sent something else (wrong magic, role, QP or member count);
+    /// `Config` on a version mismatch (different plugin versions on the two nodes).
     pub fn parse(b: &[u8]) -> Result<Self> {
         if b.len() < Self::LEN || u32_at(b, 0) != HELLO_MAGIC {
-            return Err(Error::new(
-                super::error::Kind::Remote,
-                "peer sent an unknown handshake message",
-            ));
+            return Err(remote("sent an unknown handshake message".into()));
         }
         if b[4] != PROTOCOL_VERSION {
             return Err(Error::config(format!(
-                "peer speaks protocol version {} but this plugin speaks {PROTOCOL_VERSION}: run the \
+                "speaks protocol version {} but this plugin speaks {PROTOCOL_VERSION}: run the \
                  same plugin version on every node",
                 b[4]
             )));
         }
+        let role = match b[26] {
+            1 => Role::Connect,
+            2 => Role::Accept,
+            other => {
+                return Err(remote(format!(
+                    "sent a handshake with unknown role {other}"
+                )));
+            }
+        };
         let (nqps, nmembers) = (usize::from(b[5]), usize::from(b[6]));
         if nqps == 0
             || nqps > MAX_CONNECTION_QPS
@@ -245,13 +290,14 @@ impl Hello {
             || nmembers > MAX_FUSED_MEMBERS
             || !nqps.is_multiple_of(nmembers)
         {
-            return Err(Error::new(
-                super::error::Kind::Remote,
-                format!("peer announced {nqps} QPs over {nmembers} ports"),
-            ));
+            return Err(remote(format!(
+                "announced {nqps} QPs over {nmembers} ports"
+            )));
         }
         Ok(Self {
-            nonce: u64_at(b, 8),
+            role,
+            listen_nonce: u64_at(b, 8),
+            connect_nonce: u64_at(b, 32),
             qpns: (0..nqps)
                 .map(|i| u32_at(b, HELLO_QPNS_AT + 4 * i))
                 .collect(),
@@ -263,6 +309,64 @@ impl Hello {
             service_level: b[25],
             split_data: b[7] != 0,
         })
+    }
+
+    /// Check that this is a connector's hello for the listener whose handle carries
+    /// `listen_nonce`.
+    ///
+    /// # Errors
+    /// `Remote` naming what is wrong (a reply instead of a hello, another listener's nonce).
+    pub fn check_hello(&self, listen_nonce: u64) -> Result<()> {
+        if self.role != Role::Connect {
+            return Err(remote(
+                "sent an acceptor's reply where a hello belongs".into(),
+            ));
+        }
+        if self.listen_nonce != listen_nonce {
+            return Err(remote("presented a handle for another listener".into()));
+        }
+        Ok(())
+    }
+
+    /// Check that this is the acceptor's answer to `ours`: written by an acceptor, for the
+    /// listener and the connect `ours` names, carrying the acceptor's own QPs (an echo of our
+    /// own hello, or a reply recorded from another connect, fails here).
+    ///
+    /// # Errors
+    /// `Remote` naming what is wrong.
+    pub fn check_reply(&self, ours: &Self) -> Result<()> {
+        if self.role != Role::Accept {
+            return Err(remote(
+                "answered with a connector's hello instead of a reply (an echo of our own \
+                 handshake?)"
+                    .into(),
+            ));
+        }
+        if self.listen_nonce != ours.listen_nonce || self.connect_nonce != ours.connect_nonce {
+            return Err(remote(
+                "answered with a reply to another connect (a replayed or misdirected handshake)"
+                    .into(),
+            ));
+        }
+        let own_qp = |m: &Endpoint, q: &u32| {
+            ours.members
+                .iter()
+                .cycle()
+                .zip(&ours.qpns)
+                .any(|(o, oq)| o.gid == m.gid && oq == q)
+        };
+        let echoed = self
+            .members
+            .iter()
+            .cycle()
+            .zip(&self.qpns)
+            .any(|(m, q)| own_qp(m, q));
+        if echoed {
+            return Err(remote(
+                "answered with our own QP numbers (an echo of our handshake)".into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -364,9 +468,8 @@ mod tests {
         assert!(e.to_string().contains("protocol version 99"), "{e}");
     }
 
-    #[test]
-    fn hello_round_trips() {
-        let member = |name: &str, gid: u8| Endpoint {
+    fn member(name: &str, gid: u8) -> Endpoint {
+        Endpoint {
             lid: 3,
             port: 1,
             mtu: 5,
@@ -376,27 +479,93 @@ mod tests {
             gid_index: 1,
             ring_rkey: 0x1234,
             device: name.into(),
-        };
-        let h = Hello {
-            nonce: 7,
-            qpns: (0..64).map(|q| 0x00ff_0000 + q).collect(),
-            members: vec![
-                member("mlx5_0", 0xfe),
-                member("mlx5_1", 0xfd),
-                member("mlx5_2", 1),
-                member("mlx5_3", 2),
-            ],
+        }
+    }
+
+    fn hello(role: Role, qpn_base: u32) -> Hello {
+        Hello {
+            role,
+            listen_nonce: 7,
+            connect_nonce: 99,
+            qpns: (0..8).map(|q| qpn_base + q).collect(),
+            members: vec![member("mlx5_0", 0xfe), member("mlx5_1", 0xfd)],
             ring_addr: 0x7fff_0000_1000,
             traffic_class: 106,
             service_level: 3,
             split_data: true,
-        };
+        }
+    }
+
+    #[test]
+    fn hello_round_trips() {
+        let mut h = hello(Role::Accept, 0x00ff_0000);
+        h.qpns = (0..64).map(|q| 0x00ff_0000 + q).collect();
+        h.members = vec![
+            member("mlx5_0", 0xfe),
+            member("mlx5_1", 0xfd),
+            member("mlx5_2", 1),
+            member("mlx5_3", 2),
+        ];
         assert_eq!(Hello::parse(&h.emit()).unwrap(), h);
-        for (at, value) in [(5, 0), (5, 65), (6, 0), (6, 5), (5, 3)] {
+        for (at, value) in [(5, 0), (5, 65), (6, 0), (6, 5), (5, 3), (26, 0), (26, 3)] {
             let mut b = h.emit();
             b[at] = value;
             assert!(Hello::parse(&b).is_err(), "byte {at} = {value}");
         }
+    }
+
+    #[test]
+    fn the_listener_takes_only_a_connectors_hello_with_its_nonce() {
+        let ours = hello(Role::Connect, 0x100);
+        ours.check_hello(7).unwrap();
+        assert!(
+            ours.check_hello(8)
+                .unwrap_err()
+                .to_string()
+                .contains("another listener")
+        );
+        let reply = hello(Role::Accept, 0x200);
+        assert!(
+            reply
+                .check_hello(7)
+                .unwrap_err()
+                .to_string()
+                .contains("reply")
+        );
+    }
+
+    #[test]
+    fn a_reply_must_answer_this_connect_with_the_peers_own_qps() {
+        let ours = hello(Role::Connect, 0x100);
+        hello(Role::Accept, 0x200).check_reply(&ours).unwrap();
+        let echo = ours.clone();
+        assert!(
+            echo.check_reply(&ours)
+                .unwrap_err()
+                .to_string()
+                .contains("echo")
+        );
+        let mut replayed = hello(Role::Accept, 0x200);
+        replayed.connect_nonce = 98;
+        assert!(
+            replayed
+                .check_reply(&ours)
+                .unwrap_err()
+                .to_string()
+                .contains("another connect")
+        );
+        let mut other_listener = hello(Role::Accept, 0x200);
+        other_listener.listen_nonce = 8;
+        assert!(other_listener.check_reply(&ours).is_err());
+        let mut mirrored = ours.clone();
+        mirrored.role = Role::Accept;
+        assert!(
+            mirrored
+                .check_reply(&ours)
+                .unwrap_err()
+                .to_string()
+                .contains("own QP numbers")
+        );
     }
 
     #[test]

@@ -62,7 +62,7 @@ impl HcaFilter {
         let mut entries = Vec::new();
         for item in rest.split(',').map(str::trim) {
             let mut fields = item.split(':');
-            let name = fields.next().unwrap_or_default();
+            let name = fields.next().unwrap_or_default().trim();
             if name.is_empty() {
                 return Err(fail(format!("entry '{item}' has no device name")));
             }
@@ -111,6 +111,25 @@ impl HcaFilter {
             name_matches && e.port.is_none_or(|p| p == port)
         });
         listed != self.exclude
+    }
+
+    /// The same filter in canonical form (`^=name:port,...`, no spaces or rail/plane labels):
+    /// parsing it again gives a filter that allows exactly the same ports.
+    pub fn canonical(&self) -> String {
+        let entries: Vec<String> = self
+            .entries
+            .iter()
+            .map(|e| match e.port {
+                Some(p) => format!("{}:{p}", e.name),
+                None => e.name.clone(),
+            })
+            .collect();
+        format!(
+            "{}{}{}",
+            if self.exclude { "^" } else { "" },
+            if self.exact { "=" } else { "" },
+            entries.join(",")
+        )
     }
 
     /// The value as the user wrote it, for log lines.

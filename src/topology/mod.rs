@@ -24,5 +24,5 @@ pub use gid::{GidEntry, parse_gid, parse_roce_version, select_gid};
 pub use hca_filter::HcaFilter;
 pub use link::{LinkLayer, link_speed_mbps};
 pub use pci::{BadPciAddress, PciAddress, PciFunction};
-pub use select::{HcaPort, NetDevice, Selection, select_devices};
+pub use select::{HcaPort, NetDevice, PORT_ACTIVE, Selection, port_state_name, select_devices};
 pub use sysfs::SysfsRoot;

@@ -59,9 +59,11 @@ pub struct Selection {
     pub skipped: Vec<String>,
 }
 
-const IBV_PORT_ACTIVE: u32 = 4;
+/// `ibv_port_state` of a usable port.
+pub const PORT_ACTIVE: u32 = 4;
 
-fn port_state_name(state: u32) -> &'static str {
+/// An `ibv_port_state` by its verbs name.
+pub fn port_state_name(state: u32) -> &'static str {
     match state {
         1 => "DOWN",
         2 => "INIT",
@@ -82,7 +84,7 @@ pub fn select_devices(
     let mut selection = Selection::default();
     let mut chosen: Vec<&HcaPort> = Vec::new();
     for p in ports {
-        let reason = if p.state != IBV_PORT_ACTIVE {
+        let reason = if p.state != PORT_ACTIVE {
             Some(format!("is {} (not ACTIVE)", port_state_name(p.state)))
         } else if let LinkLayer::Other(_) = p.link_layer {
             Some(format!("has an unsupported {}", p.link_layer))

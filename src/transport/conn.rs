@@ -5,11 +5,12 @@
 use std::net::{Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
+use super::watch::Watched;
 use super::{DeviceContext, PortContext};
 use crate::core::config::Config;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::SLOTS;
-use crate::core::wire::{Cts, Endpoint, Hello, MAX_RECVS};
+use crate::core::wire::{Cts, Endpoint, Hello, MAX_RECVS, Role};
 use crate::verbs::{
     Access, Completion, CompletionQueue, HostRegion, PathParams, QpCaps, QueuePair, RemoteEndpoint,
 };
@@ -167,16 +168,26 @@ impl PortContext {
     }
 }
 
+/// The handshake nonces a hello carries: the listener's (from the handle) and the connect's.
+#[derive(Copy, Clone, Debug)]
+pub(super) struct Nonces {
+    pub(super) listen: u64,
+    pub(super) connect: u64,
+}
+
 /// The handshake message describing this side; `ring` is the control ring the peer writes.
 pub(super) fn local_hello(
     ctx: &DeviceContext,
     qps: &QpSet,
-    nonce: u64,
+    role: Role,
+    nonces: Nonces,
     ring: &HostRegion,
     split: bool,
 ) -> Hello {
     Hello {
-        nonce,
+        role,
+        listen_nonce: nonces.listen,
+        connect_nonce: nonces.connect,
         qpns: qps.qps.iter().map(QueuePair::qpn).collect(),
         members: ctx
             .ports
@@ -215,6 +226,20 @@ fn describe_port(port: &PortContext) -> String {
     )
 }
 
+/// A value no other process is likely to hold (listen nonces, connect nonces, handle tokens):
+/// std's `RandomState` is seeded from the OS per thread and keyed differently per instance.
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
 /// `"rxe0 at 127.0.0.1:4242 GID index 1 ..."`: one member of the peer's device.
 fn describe_endpoint(member: &Endpoint, peer: SocketAddr) -> String {
     format!(
@@ -239,6 +264,17 @@ pub(super) fn describe_remote(remote: &Hello, peer: SocketAddr) -> String {
         .map(|m| describe_endpoint(m, peer))
         .collect();
     members.join(" + ")
+}
+
+/// `Err` when a comm cannot make progress any more: a member device reported a fatal error, or
+/// the peer closed `peer_comm` or its process is gone.
+pub(super) fn check_alive(
+    ctx: &DeviceContext,
+    link: Option<&Watched>,
+    peer_comm: &str,
+) -> Result<()> {
+    ctx.check_health()?;
+    link.map_or(Ok(()), |l| l.link().check(peer_comm))
 }
 
 /// QPs a connection between `ctx` and a device of `remote_members` ports has.
@@ -332,8 +368,12 @@ fn wr_kind_name(wr_id: u64) -> &'static str {
     }
 }
 
-/// A failed completion in plain words: status, operation, QP, both GIDs, the likely cause.
+/// A failed completion in plain words: status, operation, QP, both GIDs, the likely cause. A peer
+/// already known to be gone, or else a member port of `ctx` that is not ACTIVE now (queried
+/// here, on the error path), is named as the likely cause, whatever the status says.
 pub(super) fn completion_error(
+    ctx: &DeviceContext,
+    link: Option<&Watched>,
     c: &Completion,
     local: &str,
     remote: &str,
@@ -369,6 +409,18 @@ pub(super) fn completion_error(
         ),
         1 | 2 | 8 => (Kind::System, "local error in the NIC or driver"),
         _ => (Kind::Remote, "the peer or the network reported an error"),
+    };
+    let inactive = ctx.inactive_ports();
+    let peer_gone = link.and_then(|l| l.link().check("comm").err());
+    let cause = if let Some(gone) = peer_gone {
+        gone.to_string()
+    } else if inactive.is_empty() {
+        cause.to_owned()
+    } else {
+        format!(
+            "{} (link, cable or switch; `ibv_devinfo` and `ip link` show it)",
+            inactive.join(", ")
+        )
     };
     Error::new(
         kind,

@@ -10,9 +10,13 @@ use std::sync::atomic::AtomicBool;
 use parking_lot::Mutex;
 
 use super::mr::MrCache;
+use super::watch::DeviceHealth;
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
-use crate::topology::{GidEntry, LinkLayer, NetDevice, SysfsRoot, VirtualDevice, select_gid};
+use crate::topology::{
+    GidEntry, LinkLayer, NetDevice, PORT_ACTIVE, SysfsRoot, VirtualDevice, port_state_name,
+    select_gid,
+};
 use crate::verbs::{Device, InterfaceAddr, ProtectionDomain, interface_addrs};
 
 /// One NCCL device opened for connections.
@@ -51,6 +55,39 @@ impl DeviceContext {
         }))
     }
 
+    /// `Err` once a member device reported a fatal asynchronous event.
+    ///
+    /// # Errors
+    /// `System`, naming the device.
+    pub fn check_health(&self) -> Result<()> {
+        self.ports.iter().try_for_each(|p| p.health.check())
+    }
+
+    /// `"rxe2:1 is DOWN"` for every member port that is not ACTIVE now (one query each: for
+    /// error messages, never the data path).
+    pub fn inactive_ports(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .filter_map(|p| {
+                let state = p.device.port_state(p.net.port).map(|s| s.state);
+                match state {
+                    Ok(PORT_ACTIVE) => None,
+                    Ok(code) => Some(format!(
+                        "port {}:{} is {}",
+                        p.name(),
+                        p.net.port,
+                        port_state_name(code)
+                    )),
+                    Err(e) => Some(format!(
+                        "port {}:{} cannot be queried ({e})",
+                        p.name(),
+                        p.net.port
+                    )),
+                }
+            })
+            .collect()
+    }
+
     /// Address the out-of-band listener binds: the first member's.
     pub fn oob_ip(&self) -> IpAddr {
         self.ports[0].oob_ip
@@ -82,6 +119,8 @@ pub struct PortContext {
     pub(super) mrs: Mutex<MrCache>,
     /// Data registrations carry relaxed ordering; cleared for good when the driver refuses it.
     pub(super) relaxed_ordering: AtomicBool,
+    /// What the device's asynchronous events said.
+    pub(super) health: Arc<DeviceHealth>,
 }
 
 impl PortContext {
@@ -124,6 +163,8 @@ impl PortContext {
                     "no address for the out-of-band exchange of {where_}: {why}"
                 ))
             })?;
+        // Last fallible step: once registered, the watcher holds the device until `Drop`.
+        let health = DeviceHealth::watch(Arc::clone(&device), config.return_async_events)?;
         tracing::info!(
             target: crate::log::INIT_TARGET,
             "NET/{}: {where_} uses {gid}, MTU code {}, out-of-band address {oob_ip}",
@@ -141,6 +182,7 @@ impl PortContext {
             oob_ip,
             mrs: Mutex::new(MrCache::default()),
             relaxed_ordering: AtomicBool::new(relaxed_ordering),
+            health,
         })
     }
 
@@ -152,6 +194,12 @@ impl PortContext {
     /// The port number as verbs wants it.
     pub(super) fn port_num(&self) -> u8 {
         u8::try_from(self.net.port).unwrap_or(1)
+    }
+}
+
+impl Drop for PortContext {
+    fn drop(&mut self) {
+        self.health.unwatch();
     }
 }
 

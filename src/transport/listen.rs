@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::DeviceContext;
+use super::conn::random_u64;
 use super::recv::RecvComm;
+use super::watch::Watched;
 use super::wire_io::HandshakeStream;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::wire::{Hello, ListenHandle};
@@ -84,7 +86,7 @@ impl ListenComm {
             .map_err(|e| Error::system("getsockname on the listener", e))?;
         let handle = ListenHandle {
             addr,
-            nonce: random_nonce(),
+            nonce: random_u64(),
             members: u8::try_from(ctx.ports.len()).unwrap_or(1),
         };
         Ok(Self {
@@ -200,15 +202,11 @@ impl ListenComm {
                     Ok(None) => return Step::Waiting(Incoming::Hello(stream)),
                     Err(e) => return Step::Dropped(e.to_string()),
                 };
-                let remote = match Hello::parse(&bytes) {
-                    Ok(remote) if remote.nonce == self.handle.nonce => remote,
-                    Ok(_) => {
-                        return Step::Dropped(format!(
-                            "peer {} presented a handle for another listener",
-                            stream.peer
-                        ));
-                    }
-                    Err(e) => return Step::Dropped(format!("peer {}: {e}", stream.peer)),
+                let remote = match Hello::parse(&bytes)
+                    .and_then(|h| h.check_hello(self.handle.nonce).map(|()| h))
+                {
+                    Ok(remote) => remote,
+                    Err(e) => return Step::Dropped(format!("peer {} {e}", stream.peer)),
                 };
                 // Proven: from here on a failure is this accept's error.
                 match RecvComm::build(&self.ctx, &remote, stream.peer) {
@@ -229,7 +227,17 @@ impl ListenComm {
                 }
                 let ready = stream.flush().and_then(|_| stream.receive(1));
                 match ready {
-                    Ok(Some(_)) => Step::Accepted(comm),
+                    Ok(Some(_)) => {
+                        let mut comm = comm;
+                        let peer = stream.peer;
+                        match Watched::new(stream.into_stream(), peer) {
+                            Ok(link) => {
+                                comm.link = Some(link);
+                                Step::Accepted(comm)
+                            }
+                            Err(e) => Step::Failed(e),
+                        }
+                    }
                     Ok(None) => Step::Waiting(Incoming::Ready { stream, comm }),
                     Err(e) => Step::Failed(e),
                 }
@@ -259,13 +267,4 @@ fn evict_oldest_unproven(acceptor: &mut Acceptor, addr: SocketAddr) {
             s.peer
         );
     }
-}
-
-/// A value no other listener is likely to hold: std's `RandomState` is seeded randomly per
-/// process and gives every instance different keys.
-fn random_nonce() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.finish()
 }

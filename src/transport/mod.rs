@@ -13,10 +13,13 @@ mod listen;
 mod mr;
 mod recv;
 mod send;
+mod watch;
 mod wire_io;
 
+pub use conn::random_u64;
 pub use context::{DeviceContext, PortContext, choose_oob_address};
 pub use listen::ListenComm;
 pub use mr::{MrCache, MrHandle};
 pub use recv::{RECV_REQUESTS, RecvComm, RecvTarget};
 pub use send::{Connecting, SEND_REQUESTS, SendComm};
+pub use watch::DeviceHealth;

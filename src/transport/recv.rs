@@ -7,16 +7,17 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::conn::{
-    CTS_RING_BYTES, CTS_SIGNAL_EVERY, Failure, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES,
-    SIZES_SLOT_BYTES, WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV, check_peer, completion_error,
-    describe_local, describe_remote, local_hello, path_params,
+    CTS_RING_BYTES, CTS_SIGNAL_EVERY, Failure, Nonces, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES,
+    SIZES_SLOT_BYTES, WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV, check_alive, check_peer,
+    completion_error, describe_local, describe_remote, local_hello, path_params,
 };
 use super::mr::MrHandle;
+use super::watch::Watched;
 use super::{DeviceContext, PortContext};
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::core::proto::{Layout, RecvBuf, RecvSide, SLOTS};
-use crate::core::wire::{Cts, Hello, MAX_RECVS};
+use crate::core::wire::{Cts, Hello, MAX_RECVS, Role};
 use crate::verbs::{
     Access, Completion, CompletionQueue, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair,
     RemoteEndpoint, WorkRequest,
@@ -99,6 +100,8 @@ pub struct RecvComm {
     remote_ring_rkeys: Vec<u32>,
     local: String,
     remote: String,
+    /// The out-of-band connection, watched for the sender's end; set when the handshake ends.
+    pub(super) link: Option<Watched>,
     state: Mutex<RecvState>,
 }
 
@@ -144,7 +147,18 @@ impl RecvComm {
         } else {
             Vec::new()
         };
-        let hello = local_hello(ctx, &qps, remote.nonce, &sizes_ring, remote.split_data);
+        let nonces = Nonces {
+            listen: remote.listen_nonce,
+            connect: remote.connect_nonce,
+        };
+        let hello = local_hello(
+            ctx,
+            &qps,
+            Role::Accept,
+            nonces,
+            &sizes_ring,
+            remote.split_data,
+        );
         let layout = Layout {
             nqps: qps.qps.len(),
             split: remote.split_data,
@@ -167,6 +181,7 @@ impl RecvComm {
             remote_ring_rkeys: remote.members.iter().map(|m| m.ring_rkey).collect(),
             local,
             remote: remote_desc,
+            link: None,
             state: Mutex::new(RecvState {
                 proto: RecvSide::new(layout),
                 failed: Failure::default(),
@@ -205,6 +220,9 @@ impl RecvComm {
             .collect();
         let mut st = self.state.lock();
         st.failed.check()?;
+        if let Err(e) = self.check_alive() {
+            return Err(st.failed.record(e));
+        }
         let Some((_, cts)) = st.proto.irecv(&bufs)? else {
             return Ok(None);
         };
@@ -292,7 +310,18 @@ impl RecvComm {
             return Ok(Some(sizes));
         }
         self.progress(&mut st)?;
-        self.take_done(&mut st, index)
+        let done = self.take_done(&mut st, index)?;
+        if done.is_none()
+            && let Err(e) = self.check_alive()
+        {
+            return Err(st.failed.record(e));
+        }
+        Ok(done)
+    }
+
+    /// `Err` once the device failed or the sender is gone (closed its comm, or its process).
+    fn check_alive(&self) -> Result<()> {
+        check_alive(&self.ctx, self.link.as_ref(), "send comm")
     }
 
     fn take_done(&self, st: &mut RecvState, index: usize) -> Result<Option<Vec<u64>>> {
@@ -331,7 +360,14 @@ impl RecvComm {
 
     fn handle(&self, st: &mut RecvState, member: usize, c: &Completion) -> Result<()> {
         if !c.is_ok() {
-            let e = completion_error(c, &self.local, &self.remote, st.completed_any);
+            let e = completion_error(
+                &self.ctx,
+                self.link.as_ref(),
+                c,
+                &self.local,
+                &self.remote,
+                st.completed_any,
+            );
             return Err(st.failed.record(e));
         }
         let handled = match c.wr_id & !WR_INDEX_MASK {

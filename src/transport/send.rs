@@ -9,15 +9,16 @@ use parking_lot::Mutex;
 
 use super::DeviceContext;
 use super::conn::{
-    CTS_RING_BYTES, Failure, QpSet, SEND_QP_CAPS, SIZES_SLOT_BYTES, WR_DATA, WR_INDEX_MASK,
-    WR_SEND_DONE, check_peer, completion_error, connection_qps, describe_local, describe_remote,
-    local_hello,
+    CTS_RING_BYTES, Failure, Nonces, QpSet, SEND_QP_CAPS, SIZES_SLOT_BYTES, WR_DATA, WR_INDEX_MASK,
+    WR_SEND_DONE, check_alive, check_peer, completion_error, connection_qps, describe_local,
+    describe_remote, local_hello, random_u64,
 };
 use super::mr::MrHandle;
+use super::watch::Watched;
 use super::wire_io::HandshakeStream;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::{Layout, Post, RdmaWrite, SLOTS, SendBuf, SendSide};
-use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS};
+use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS, Role};
 use crate::verbs::{Access, Completion, HostRegion, Op, WorkRequest};
 
 /// Requests a send comm can have in flight: every entry of every slot.
@@ -34,6 +35,8 @@ const DIAL_ATTEMPT: Duration = Duration::from_millis(100);
 struct Pending {
     qps: QpSet,
     cts_ring: HostRegion,
+    /// What this side sent; the reply must answer it.
+    hello: Hello,
 }
 
 #[derive(Debug)]
@@ -70,6 +73,11 @@ impl Connecting {
         }
     }
 
+    /// True when NCCL stopped calling this connect: its deadline passed a minute ago.
+    pub fn abandoned(&self) -> bool {
+        Instant::now() > self.deadline + Duration::from_secs(60)
+    }
+
     /// Advance without blocking (beyond one short dial attempt); `Ok(Some)` when connected.
     ///
     /// # Errors
@@ -87,14 +95,7 @@ impl Connecting {
                     Ok(tcp) => {
                         let mut stream = HandshakeStream::new(tcp, peer, self.deadline)?;
                         let pending = self.build()?;
-                        let hello = local_hello(
-                            &self.ctx,
-                            &pending.qps,
-                            self.handle.nonce,
-                            &pending.cts_ring,
-                            self.ctx.config.split_data_on_qps,
-                        );
-                        stream.queue(&hello.emit());
+                        stream.queue(&pending.hello.emit());
                         Stage::Exchange {
                             stream,
                             pending: Box::new(pending),
@@ -128,16 +129,22 @@ impl Connecting {
                         self.stage = Some(Stage::Exchange { stream, pending });
                         return Ok(None);
                     };
-                    let remote = Hello::parse(&bytes)?;
+                    let remote = Hello::parse(&bytes)
+                        .and_then(|h| h.check_reply(&pending.hello).map(|()| h))
+                        .map_err(|e| Error::new(e.kind(), format!("peer {peer} {e}")))?;
                     let comm = Box::new(self.finish(*pending, &remote, peer)?);
                     stream.queue(&[1]);
                     Stage::Ready { stream, comm }
                 }
-                Stage::Ready { mut stream, comm } => {
+                Stage::Ready {
+                    mut stream,
+                    mut comm,
+                } => {
                     if stream.expired() {
                         return Err(stream.late("take the ready byte"));
                     }
                     if stream.flush()? {
+                        comm.link = Some(Watched::new(stream.into_stream(), peer)?);
                         return Ok(Some(*comm));
                     }
                     self.stage = Some(Stage::Ready { stream, comm });
@@ -156,7 +163,23 @@ impl Connecting {
             CTS_RING_BYTES,
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
-        Ok(Pending { qps, cts_ring })
+        let nonces = Nonces {
+            listen: self.handle.nonce,
+            connect: random_u64(),
+        };
+        let hello = local_hello(
+            &self.ctx,
+            &qps,
+            Role::Connect,
+            nonces,
+            &cts_ring,
+            self.ctx.config.split_data_on_qps,
+        );
+        Ok(Pending {
+            qps,
+            cts_ring,
+            hello,
+        })
     }
 
     fn finish(&self, pending: Pending, remote: &Hello, peer: SocketAddr) -> Result<SendComm> {
@@ -195,6 +218,7 @@ impl Connecting {
             layout,
             local,
             remote: remote_desc,
+            link: None,
             state: Mutex::new(SendState {
                 proto: SendSide::new(layout),
                 failed: Failure::default(),
@@ -224,6 +248,8 @@ pub struct SendComm {
     layout: Layout,
     local: String,
     remote: String,
+    /// The out-of-band connection, watched for the receiver's end; set when the handshake ends.
+    link: Option<Watched>,
     state: Mutex<SendState>,
 }
 
@@ -252,6 +278,9 @@ impl SendComm {
         mr.check(addr, size)?;
         let mut st = self.state.lock();
         st.failed.check()?;
+        if let Err(e) = self.check_alive() {
+            return Err(st.failed.record(e));
+        }
         if let Some((seq, slot)) = st.proto.wants_cts() {
             match self.read_cts(seq, slot) {
                 Ok(Some(entries)) => st.proto.handle_cts(entries)?,
@@ -293,8 +322,15 @@ impl SendComm {
         let done = st.proto.poll_done(slot, entry);
         if done.is_some() {
             st.proto.release(slot, entry);
+        } else if let Err(e) = self.check_alive() {
+            return Err(st.failed.record(e));
         }
         Ok(done)
+    }
+
+    /// `Err` once the device failed or the receiver is gone (closed its comm, or its process).
+    fn check_alive(&self) -> Result<()> {
+        check_alive(&self.ctx, self.link.as_ref(), "receive comm")
     }
 
     /// The ring slot's entries once all of them carry `seq + 1`.
@@ -394,7 +430,14 @@ impl SendComm {
 
     fn handle(&self, st: &mut SendState, c: &Completion) -> Result<()> {
         if !c.is_ok() {
-            let e = completion_error(c, &self.local, &self.remote, st.completed_any);
+            let e = completion_error(
+                &self.ctx,
+                self.link.as_ref(),
+                c,
+                &self.local,
+                &self.remote,
+                st.completed_any,
+            );
             return Err(st.failed.record(e));
         }
         if c.wr_id & !WR_INDEX_MASK == WR_SEND_DONE {

@@ -40,6 +40,11 @@ impl HandshakeStream {
         self.outbox.extend_from_slice(bytes);
     }
 
+    /// The TCP connection, for the comm to keep once the handshake is over.
+    pub(super) fn into_stream(self) -> TcpStream {
+        self.stream
+    }
+
     /// True once the deadline passed.
     pub(super) fn expired(&self) -> bool {
         Instant::now() > self.deadline

@@ -9,12 +9,14 @@
 
 mod cq;
 mod device;
+mod events;
 mod netif;
 mod pd;
 mod qp;
 
 pub use cq::{Completion, CompletionQueue, OPCODE_RECV_RDMA_WITH_IMM};
 pub use device::{Device, Discovery, PortState, discover_ports};
+pub use events::{AsyncEvent, Epoll};
 pub use netif::{InterfaceAddr, interface_addrs};
 pub use pd::{Access, HostRegion, MemoryRegion, ProtectionDomain, reg_mr_iova2_available};
 pub use qp::{Op, PathParams, QpCaps, QueuePair, RemoteEndpoint, WorkRequest};

@@ -151,7 +151,7 @@ fn sentinel_request_is_overwritten(cx: &mut Cx) {
         let rc = cx.accept_pair();
         let mut buf = vec![0u8; 64];
         let mh = cx.net.reg_mr(rc, &mut buf);
-        let sentinel = 0x1 as *mut c_void;
+        let sentinel = std::ptr::without_provenance_mut::<c_void>(0x1);
         let req = cx
             .net
             .irecv_step(rc, &[(buf.as_mut_ptr(), 64, 3, mh)], sentinel)

@@ -14,6 +14,7 @@ mod support;
 
 mod connections;
 mod data_path;
+mod faults;
 
 use std::ffi::c_void;
 use std::io::{BufRead, BufReader, Write};
@@ -48,6 +49,31 @@ impl Cx {
                 .strip_prefix("PEER ")
                 .unwrap_or_else(|| panic!("expected PEER, got {line:?}")),
         )
+    }
+
+    /// Ask the runner to SIGKILL this process, and wait for it.
+    fn kill_me(&self) -> ! {
+        println!("KILL_ME");
+        std::io::stdout().flush().unwrap();
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
+    /// Start watching stdin for the runner's `KILLED` (another rank was just killed); the
+    /// returned cell holds the moment it arrived.
+    fn await_kill(&mut self) -> Arc<std::sync::OnceLock<Instant>> {
+        let seen: Arc<std::sync::OnceLock<Instant>> = Arc::default();
+        let set = Arc::clone(&seen);
+        let stdin = std::mem::replace(&mut self.stdin, BufReader::new(std::io::stdin()));
+        std::thread::spawn(move || {
+            for line in stdin.lines().map_while(Result::ok) {
+                if line == "KILLED" {
+                    let _ = set.set(Instant::now());
+                }
+            }
+        });
+        seen
     }
 
     /// Listen again and publish the handle to rank - 1.
@@ -252,9 +278,31 @@ struct Scenario {
 /// Runs the ranks under the registration-recording shim (see `run_scenario`).
 const REG_SHIM: (&str, &str) = ("RSIB_REG_SHIM", "1");
 
+/// `(NON_UTF8, NAME)` in a scenario's environment sets the variable NAME to the bytes `ff fe`.
+const NON_UTF8: &str = "RSIB_NON_UTF8";
+
+/// A rank that prints `KILL_ME` is killed with SIGKILL at once; then every other rank reads
+/// `KILLED` on its stdin (see `Cx::await_kill`). A killed rank needs no `DONE`.
+fn kill_and_tell(pid: u32, rank: usize, stdins: &[Mutex<std::process::ChildStdin>]) {
+    // The child is alive (it waits to be killed), so the pid is still its own.
+    let status = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "SIGKILL of rank {rank}");
+    for (other, stdin) in stdins.iter().enumerate() {
+        if other != rank {
+            let _ = writeln!(stdin.lock().unwrap(), "KILLED");
+        }
+    }
+}
+
 /// Every scenario, in the order they run.
 fn scenarios() -> impl Iterator<Item = &'static Scenario> {
-    data_path::SCENARIOS.iter().chain(connections::SCENARIOS)
+    data_path::SCENARIOS
+        .iter()
+        .chain(connections::SCENARIOS)
+        .chain(faults::SCENARIOS)
 }
 
 /// The registration-recording shim, compiled once.
@@ -319,6 +367,10 @@ fn run_scenario(s: &Scenario) -> Result<(), String> {
                 .copied()
                 .unwrap_or(&[]);
             let mut cmd = Command::new(&exe);
+            if let Some((_, name)) = env.iter().find(|(k, _)| *k == NON_UTF8) {
+                use std::os::unix::ffi::OsStringExt;
+                cmd.env(name, std::ffi::OsString::from_vec(vec![0xff, 0xfe]));
+            }
             if env.contains(&REG_SHIM) {
                 let log = std::env::temp_dir().join(format!("rsib-reg-{}-{rank}.log", s.name));
                 let _ = std::fs::remove_file(&log);
@@ -332,7 +384,7 @@ fn run_scenario(s: &Scenario) -> Result<(), String> {
                 "--ranks",
                 &s.ranks.to_string(),
             ])
-            .envs(env.iter().copied())
+            .envs(env.iter().copied().filter(|(k, _)| *k != NON_UTF8))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -340,21 +392,31 @@ fn run_scenario(s: &Scenario) -> Result<(), String> {
             .unwrap()
         })
         .collect();
-    let stdins: Vec<Arc<Mutex<std::process::ChildStdin>>> = children
-        .iter_mut()
-        .map(|c| Arc::new(Mutex::new(c.stdin.take().unwrap())))
-        .collect();
+    let stdins: Arc<Vec<Mutex<std::process::ChildStdin>>> = Arc::new(
+        children
+            .iter_mut()
+            .map(|c| Mutex::new(c.stdin.take().unwrap()))
+            .collect(),
+    );
+    let killed: Arc<Mutex<Vec<usize>>> = Arc::default();
     let mut readers = Vec::new();
     for (rank, c) in children.iter_mut().enumerate() {
         // Handles printed by rank r go to rank r - 1, which connects to r.
-        let target = Arc::clone(&stdins[(rank + s.ranks - 1) % s.ranks]);
+        let target = (rank + s.ranks - 1) % s.ranks;
+        let stdins = Arc::clone(&stdins);
+        let killed = Arc::clone(&killed);
+        let pid = c.id();
         let out = c.stdout.take().unwrap();
         let err = c.stderr.take().unwrap();
         readers.push(std::thread::spawn(move || {
             let mut lines = Vec::new();
             for line in BufReader::new(out).lines().map_while(Result::ok) {
                 if let Some(h) = line.strip_prefix("HANDLE ") {
-                    let _ = writeln!(target.lock().unwrap(), "PEER {h}");
+                    let _ = writeln!(stdins[target].lock().unwrap(), "PEER {h}");
+                }
+                if line == "KILL_ME" {
+                    kill_and_tell(pid, rank, &stdins);
+                    killed.lock().unwrap().push(rank);
                 }
                 lines.push(line);
             }
@@ -385,7 +447,8 @@ fn run_scenario(s: &Scenario) -> Result<(), String> {
     for rank in 0..s.ranks {
         let (out, err) = (&outputs[2 * rank], &outputs[2 * rank + 1]);
         let status = statuses[rank].unwrap();
-        let done = out.iter().any(|l| l == "DONE");
+        let was_killed = killed.lock().unwrap().contains(&rank);
+        let done = was_killed || out.iter().any(|l| l == "DONE");
         let mut expectation_missed = false;
         for expect in out.iter().filter_map(|l| l.strip_prefix("EXPECT_STDERR ")) {
             if !err.iter().any(|l| l.contains(expect)) {
@@ -396,7 +459,7 @@ fn run_scenario(s: &Scenario) -> Result<(), String> {
         for note in out.iter().filter_map(|l| l.strip_prefix("NOTE ")) {
             println!("    rank {rank}: {note}");
         }
-        if !status.success() || !done || expectation_missed {
+        if !(status.success() || was_killed) || !done || expectation_missed {
             failed = true;
             report.push_str(&format!(
                 "--- rank {rank} ({status}) stdout:\n{}\n--- stderr:\n{}\n",

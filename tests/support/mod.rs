@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_imports, unreachable_pub, clippy::unwrap_used)]
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -174,12 +175,20 @@ impl HostRun {
 
 /// Run the C host on the plugin with NCCL's variables cleared and `env` set.
 pub fn run_host(env: &[(&str, &str)], args: &[&str]) -> HostRun {
+    let env = env
+        .iter()
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)));
+    run_host_with(env.collect(), args)
+}
+
+/// `run_host` with values that need not be UTF-8.
+pub fn run_host_with(env: Vec<(OsString, OsString)>, args: &[&str]) -> HostRun {
     let mut cmd = Command::new(plugin_host());
     cmd.arg(plugin_path()).args(args);
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("NCCL_")) {
+    for (k, _) in std::env::vars_os().filter(|(k, _)| k.as_encoded_bytes().starts_with(b"NCCL_")) {
         cmd.env_remove(k);
     }
-    cmd.envs(env.iter().copied());
+    cmd.envs(env);
     let out = cmd.output().unwrap();
     let run = HostRun {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

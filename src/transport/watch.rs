@@ -1,0 +1,352 @@
+//! The watcher: one thread per process that learns, without the data path paying for it, when a
+//! comm's peer is gone and when a device reports an asynchronous event.
+//!
+//! - **Peers.** After the handshake each comm keeps its out-of-band TCP connection open. On an
+//!   orderly `closeSend`/`closeRecv` the closing side writes one goodbye byte before closing it;
+//!   a peer process that exits or is killed closes it without one (the kernel closes its
+//!   sockets). The watcher sees either within milliseconds and records it in the link's state,
+//!   which `isend`/`irecv`/`test` read with one atomic load.
+//! - **Devices.** Each opened device's async-event fd is watched; a fatal device event is
+//!   recorded in the device's health, which every comm on the device reads at each call; port
+//!   and GID changes are logged once per event.
+//!
+//! The thread is started by the first registration and blocks in `epoll_wait` when idle. With
+//! `-z nodelete` the library is never unmapped under it.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+
+use once_cell::sync::OnceCell;
+use parking_lot::Mutex;
+
+use crate::core::error::{Error, Kind, Result};
+use crate::plugin::PLUGIN_NAME;
+use crate::verbs::{AsyncEvent, Device, Epoll};
+
+/// The byte an orderly close writes before closing the connection.
+const GOODBYE: u8 = 0x42;
+
+const ALIVE: u8 = 0;
+const CLOSED: u8 = 1;
+const DIED: u8 = 2;
+
+/// What became of the peer at the other end of a comm.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) enum PeerState {
+    /// Still there.
+    Alive,
+    /// Closed its comm in order (`closeSend`/`closeRecv`).
+    Closed,
+    /// Its process exited or was killed (the connection closed without a goodbye).
+    Died,
+}
+
+/// The out-of-band connection of one comm, as the watcher sees it.
+#[derive(Debug)]
+pub(super) struct PeerLink {
+    stream: TcpStream,
+    peer: SocketAddr,
+    state: AtomicU8,
+}
+
+impl PeerLink {
+    /// What the watcher last saw of the peer.
+    pub(super) fn state(&self) -> PeerState {
+        match self.state.load(Ordering::Acquire) {
+            ALIVE => PeerState::Alive,
+            CLOSED => PeerState::Closed,
+            _ => PeerState::Died,
+        }
+    }
+
+    /// `Err` once the peer is gone: `what` names what the peer closed (its send or receive comm)
+    /// for an orderly close.
+    pub(super) fn check(&self, what: &str) -> Result<()> {
+        match self.state() {
+            PeerState::Alive => Ok(()),
+            PeerState::Closed => Err(Error::new(
+                Kind::Remote,
+                format!(
+                    "peer {} closed its {what} while this request was pending",
+                    self.peer
+                ),
+            )),
+            PeerState::Died => Err(Error::new(
+                Kind::Remote,
+                format!(
+                    "peer {} closed its connection (process exited or was killed)",
+                    self.peer
+                ),
+            )),
+        }
+    }
+
+    /// Read what arrived; `false` once the connection is closed (nothing more to watch).
+    fn on_readable(&self) -> bool {
+        let mut buf = [0u8; 64];
+        loop {
+            match (&self.stream).read(&mut buf) {
+                // The end of the stream: after a goodbye it is an orderly close, else the process
+                // is gone; a reset or other error is the same.
+                Ok(0) => return self.ended(),
+                Ok(n) => {
+                    if buf[..n].contains(&GOODBYE) {
+                        self.state.store(CLOSED, Ordering::Release);
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return self.ended(),
+            }
+        }
+    }
+
+    /// The connection is over: the peer died unless it said goodbye first. Always `false`.
+    fn ended(&self) -> bool {
+        let _ = self
+            .state
+            .compare_exchange(ALIVE, DIED, Ordering::AcqRel, Ordering::Acquire);
+        false
+    }
+}
+
+/// A comm's hold on its link: watched while it exists; dropping it (closing the comm) says
+/// goodbye to the peer and stops watching.
+#[derive(Debug)]
+pub(super) struct Watched {
+    link: Arc<PeerLink>,
+    key: u64,
+}
+
+impl Watched {
+    /// Watch the connection `stream` to `peer` (the handshake is over: from now on only a
+    /// goodbye or the end of the stream arrive on it).
+    ///
+    /// # Errors
+    /// `System` when the watcher cannot be started or the socket not registered.
+    pub(super) fn new(stream: TcpStream, peer: SocketAddr) -> Result<Self> {
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| Error::system(format!("watching the connection to {peer}"), e))?;
+        let link = Arc::new(PeerLink {
+            stream,
+            peer,
+            state: AtomicU8::new(ALIVE),
+        });
+        let fd = link.stream.as_raw_fd();
+        let key = Watcher::get()?.register(fd, Target::Link(Arc::clone(&link)))?;
+        Ok(Self { link, key })
+    }
+
+    /// The link.
+    pub(super) fn link(&self) -> &PeerLink {
+        &self.link
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if self.link.state() == PeerState::Alive {
+            // Best effort: a full socket buffer or a dead peer just means no goodbye.
+            let _ = (&self.link.stream).write(&[GOODBYE]);
+        }
+        if let Some(w) = WATCHER.get() {
+            w.unregister(self.key);
+        }
+    }
+}
+
+/// A device's health as its asynchronous events tell it.
+#[derive(Debug)]
+pub struct DeviceHealth {
+    device: Arc<Device>,
+    fd: RawFd,
+    fail_on_fatal: bool,
+    fatal: AtomicBool,
+    key: AtomicU64,
+}
+
+impl DeviceHealth {
+    /// Watch `device`'s asynchronous events. With `fail_on_fatal` (`NCCL_IB_RETURN_ASYNC_EVENTS`)
+    /// a fatal device event fails every comm on it; without, it is only logged.
+    ///
+    /// # Errors
+    /// `System` when the watcher cannot be started or the event fd not registered.
+    pub fn watch(device: Arc<Device>, fail_on_fatal: bool) -> Result<Arc<Self>> {
+        let fd = device.async_event_fd()?;
+        let health = Arc::new(Self {
+            device,
+            fd,
+            fail_on_fatal,
+            fatal: AtomicBool::new(false),
+            key: AtomicU64::new(0),
+        });
+        let key = Watcher::get()?.register(fd, Target::Device(Arc::clone(&health)))?;
+        health.key.store(key, Ordering::Release);
+        Ok(health)
+    }
+
+    /// `Err` once the device reported a fatal error.
+    ///
+    /// # Errors
+    /// `System`, naming the device.
+    pub fn check(&self) -> Result<()> {
+        if !self.fatal.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(Error::new(
+            Kind::System,
+            format!(
+                "device {} reported a fatal error (IBV_EVENT_DEVICE_FATAL): the NIC or its driver \
+                 failed and nothing on it works until it is reset; check dmesg on this node",
+                self.device.name()
+            ),
+        ))
+    }
+
+    /// Stop watching (the device is being closed).
+    pub fn unwatch(&self) {
+        if let Some(w) = WATCHER.get() {
+            w.unregister(self.key.load(Ordering::Acquire));
+        }
+    }
+
+    fn on_readable(&self) {
+        let name = self.device.name();
+        while let Some(event) = self.device.next_async_event() {
+            match event {
+                AsyncEvent::DeviceFatal => {
+                    if self.fail_on_fatal {
+                        self.fatal.store(true, Ordering::Release);
+                    }
+                    tracing::error!(
+                        "NET/{PLUGIN_NAME}: {name}: fatal device error (IBV_EVENT_DEVICE_FATAL){}",
+                        if self.fail_on_fatal {
+                            ": every comm on it fails from its next call"
+                        } else {
+                            " (NCCL_IB_RETURN_ASYNC_EVENTS=0: comms go on until they fail)"
+                        }
+                    );
+                }
+                AsyncEvent::PortDown(port) => tracing::warn!(
+                    "NET/{PLUGIN_NAME}: {name}:{port} went down (IBV_EVENT_PORT_ERR): link, cable \
+                     or switch; transfers on it fail once the QPs exhaust their retries"
+                ),
+                AsyncEvent::PortUp(port) => {
+                    tracing::info!("NET/{PLUGIN_NAME}: {name}:{port} is active again")
+                }
+                AsyncEvent::GidChange(port) => tracing::info!(
+                    "NET/{PLUGIN_NAME}: {name}:{port}: GID table changed (an address was added or \
+                     removed); connections made from now on use the GID chosen at open"
+                ),
+                AsyncEvent::QueueFatal(what) => tracing::warn!(
+                    "NET/{PLUGIN_NAME}: {name}: {what}: the affected comm reports it at its next call"
+                ),
+                AsyncEvent::Other(what) => tracing::debug!("NET/{PLUGIN_NAME}: {name}: {what}"),
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Target {
+    Link(Arc<PeerLink>),
+    Device(Arc<DeviceHealth>),
+}
+
+impl Target {
+    fn fd(&self) -> RawFd {
+        match self {
+            Self::Link(l) => l.stream.as_raw_fd(),
+            Self::Device(d) => d.fd,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Watcher {
+    epoll: Epoll,
+    targets: Mutex<HashMap<u64, Target>>,
+    next_key: AtomicU64,
+}
+
+static WATCHER: OnceCell<Watcher> = OnceCell::new();
+
+impl Watcher {
+    fn get() -> Result<&'static Self> {
+        WATCHER.get_or_try_init(|| {
+            let watcher = Self {
+                epoll: Epoll::new()?,
+                targets: Mutex::default(),
+                next_key: AtomicU64::new(1),
+            };
+            std::thread::Builder::new()
+                .name("rsib-watch".into())
+                .spawn(|| {
+                    // The static is set right after this closure returns; wait for it.
+                    let watcher = loop {
+                        match WATCHER.get() {
+                            Some(w) => break w,
+                            None => std::thread::yield_now(),
+                        }
+                    };
+                    // A bug in a handler must not end the watching for good.
+                    let run = || std::panic::catch_unwind(AssertUnwindSafe(|| watcher.run()));
+                    while run().is_err() {
+                        tracing::error!(
+                            "NET/{PLUGIN_NAME}: watcher thread panicked; restarting it"
+                        );
+                    }
+                })
+                .map_err(|e| Error::system("starting the watcher thread", e))?;
+            Ok(watcher)
+        })
+    }
+
+    fn register(&self, fd: RawFd, target: Target) -> Result<u64> {
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        self.targets.lock().insert(key, target);
+        if let Err(e) = self.epoll.add(fd, key) {
+            self.targets.lock().remove(&key);
+            return Err(e);
+        }
+        Ok(key)
+    }
+
+    /// Idempotent; the fd is still open (its owner is still alive) when this runs.
+    fn unregister(&self, key: u64) {
+        if let Some(target) = self.targets.lock().remove(&key) {
+            self.epoll.remove(target.fd());
+        }
+    }
+
+    fn run(&self) {
+        let mut keys = Vec::new();
+        loop {
+            if let Err(e) = self.epoll.wait(&mut keys, 1000) {
+                tracing::warn!("NET/{PLUGIN_NAME}: watcher: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
+            for &key in &keys {
+                // Clone out of the lock: the handler may take time, and unregister must not wait.
+                let Some(target) = self.targets.lock().get(&key).cloned() else {
+                    continue;
+                };
+                match &target {
+                    Target::Link(link) => {
+                        if !link.on_readable() {
+                            self.unregister(key);
+                        }
+                    }
+                    Target::Device(health) => health.on_readable(),
+                }
+            }
+        }
+    }
+}
