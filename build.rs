@@ -1,4 +1,4 @@
-//! Link arguments for the cdylib NCCL loads.
+//! Link arguments for the cdylib NCCL loads, and the C logger of the plugin driver.
 fn main() {
     // The installed file is named libnccl-net.so (and libnccl-net-rsib.so); Cargo cannot emit a
     // hyphenated name, so the soname says what the file will be called.
@@ -6,5 +6,12 @@ fn main() {
     // NCCL dlcloses the plugin when its last communicator goes away and may dlopen it again:
     // NODELETE keeps Rust statics, TLS destructors and the tracing dispatcher valid across that.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
+    // The driver (src/driver) passes plugins a variadic logger, as NCCL does; Rust cannot define
+    // one on stable, so it is C. Its symbol stays hidden in the cdylib (rustc's version script).
+    cc::Build::new()
+        .file("src/driver/logger.c")
+        .warnings(true)
+        .compile("rsib_driver_logger");
+    println!("cargo:rerun-if-changed=src/driver/logger.c");
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -1,80 +1,17 @@
 /*
  * ncclNet plugin ABI, version 8, as this project understands it.
  *
- * Written for nccl-net-rsib from the documented facts of the ABI (field order, widths and
- * constant values); no text of NCCL's own headers is reproduced here. The Rust mirror types in
- * src/abi/types.rs must agree with this file field by field: tests/abi_layout.rs compiles a C
- * program against this header and compares every size, offset and constant with the Rust side.
- *
- * Target: LP64 (x86_64, aarch64 Linux).
+ * Loaded by NCCL 2.20 and later (by newer NCCLs through their compatibility layer). The shared types
+ * are in nccl_net_common.h, which says how these files were written and are checked.
  */
 #ifndef NCCL_NET_RSIB_NCCL_NET_V8_H
 #define NCCL_NET_RSIB_NCCL_NET_V8_H
 
-#include <stddef.h>
-#include <stdint.h>
+#include "nccl_net_common.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Return code of every entry point (a C enum: 4 bytes). */
-typedef enum {
-  ncclSuccess = 0,
-  ncclUnhandledCudaError = 1,
-  ncclSystemError = 2,
-  ncclInternalError = 3,
-  ncclInvalidArgument = 4,
-  ncclInvalidUsage = 5,
-  ncclRemoteError = 6,
-  ncclInProgress = 7 /* never returned by a plugin */
-} ncclResult_t;
-
-/* Severity passed to the logger. */
-typedef enum {
-  NCCL_LOG_NONE = 0,
-  NCCL_LOG_VERSION = 1,
-  NCCL_LOG_WARN = 2,
-  NCCL_LOG_INFO = 3,
-  NCCL_LOG_ABORT = 4,
-  NCCL_LOG_TRACE = 5
-} ncclDebugLogLevel;
-
-/* Subsystem bits passed to the logger (a plugin uses NET, plus INIT during init). */
-typedef enum {
-  NCCL_INIT = 0x1,
-  NCCL_NET = 0x10,
-  NCCL_ALL = ~0
-} ncclDebugLogSubSys;
-
-/* NCCL's logger: printf-style and variadic. The plugin always passes "%s" as the format. */
-typedef void (*ncclDebugLogger_t)(ncclDebugLogLevel level, unsigned long flags,
-                                  const char *file, int line, const char *fmt, ...);
-
-#define NCCL_NET_HANDLE_MAXSIZE 128 /* bytes of the listen handle */
-#define NCCL_NET_MAX_REQUESTS 32    /* requests in flight per comm that a plugin must accept */
-#define NCCL_NET_OPTIONAL_RECV_COMPLETION 0x1 /* sentinel NCCL may store in *request before irecv */
-
-/* ptrSupport bits and the `type` argument of regMr. */
-#define NCCL_PTR_HOST 0x1
-#define NCCL_PTR_CUDA 0x2
-#define NCCL_PTR_DMABUF 0x4
-
-/* netDeviceType: a verbs plugin is a HOST device (no device-side offload). */
-typedef enum {
-  NCCL_NET_DEVICE_HOST = 0,
-  NCCL_NET_DEVICE_UNPACK = 1
-} ncclNetDeviceType;
-#define NCCL_NET_DEVICE_INVALID_VERSION 0x0
-
-/* Device-side handle for offload plugins; host plugins never fill it. 32 bytes. */
-typedef struct {
-  ncclNetDeviceType netDeviceType;
-  int netDeviceVersion;
-  void *handle;
-  size_t size;
-  int needsProxyProgress;
-} ncclNetDeviceHandle_v8_t;
 
 /* What getProperties reports for one device. 64 bytes. */
 typedef struct {

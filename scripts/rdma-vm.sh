@@ -8,7 +8,8 @@
 # on a dummy netdev addressed 127.0.1.1/32, then runs CMD from the current directory. The VM has
 # no other network device, so no traffic leaves it. Works without a TTY.
 #
-# Environment: NCCL_NET_RS_VM_TIMEOUT (seconds, default 2400), NCCL_NET_RS_VM_MEMORY (default 2G),
+# Environment: NCCL_NET_RS_VM_TIMEOUT (seconds, default 2400), NCCL_NET_RS_VM_MEMORY (default 6G:
+# the 2 GiB-message test pins a little over 2 GiB in each of two processes),
 # NCCL_NET_RS_VM_CPUS (default 2).
 set -euo pipefail
 
@@ -40,7 +41,7 @@ trap 'rm -rf "$work"' EXIT
 set +e
 timeout --kill-after=30 "${NCCL_NET_RS_VM_TIMEOUT:-2400}" \
   vng --run "$kernel" --disable-kvm --cpus "${NCCL_NET_RS_VM_CPUS:-2}" \
-  --memory "${NCCL_NET_RS_VM_MEMORY:-2G}" --rwdir "$repo" \
+  --memory "${NCCL_NET_RS_VM_MEMORY:-6G}" --rwdir "$repo" \
   --exec "bash $repo/scripts/vm-guest.sh $work" </dev/null
 vng_rc=$?
 set -e

@@ -36,8 +36,10 @@ check_install() {
   scripts/install.sh "$prefix" &&
     [ -f "$prefix/lib/libnccl-net-rsib.so" ] && [ ! -L "$prefix/lib/libnccl-net-rsib.so" ] &&
     [ -f "$prefix/lib/libnccl-net.so" ] && [ ! -L "$prefix/lib/libnccl-net.so" ] &&
-    nm -D --defined-only "$prefix/lib/libnccl-net-rsib.so" | grep -q ' ncclNetPlugin_v8$' &&
-    echo "install check: both files present, real files, exporting ncclNetPlugin_v8"
+    for v in 8 9 10 11 12; do
+      nm -D --defined-only "$prefix/lib/libnccl-net-rsib.so" | grep -q " ncclNetPlugin_v$v\$" || return 1
+    done &&
+    echo "install check: both files present, real files, exporting ncclNetPlugin_v8 .. v12"
 }
 
 build_rdma_suites() {

@@ -1,4 +1,4 @@
-//! `nccl-headers/` and `src/abi/types.rs` describe the same ABI: a C program compiled against the
+//! `nccl-headers/` and `src/abi/types.rs` describe the same ABI, every version from 8 to 12: a C program compiled against the
 //! headers prints every size, field offset and constant, and each must equal the Rust value.
 #![allow(clippy::unwrap_used)] // test helpers panic with context
 
@@ -68,8 +68,151 @@ fn rust_side() -> Vec<(String, i64)> {
         closeRecv,
         closeListen,
         getDeviceMr,
-        irecvConsumed,
+        irecvConsumed
     });
+    layout!(ncclNetVDeviceProps_v9_t { ndevs, devs });
+    layout!(ncclNetVDeviceProps_v12_t { ndevs, devs });
+    layout!(ncclNetCommConfig_v10_t { trafficClass });
+    layout!(ncclNetCommAttr_v11_t {
+        maxConcurrentPeers,
+        minConcurrentPeers,
+        maxFlowsPerPeer,
+        minFlowsPerPeer
+    });
+    layout!(ncclNetAttr_v11_t {
+        sendCommAttr,
+        recvCommAttr,
+        op,
+        algo,
+        proto
+    });
+    macro_rules! properties {
+        ($t:ident { $($extra:ident),* }) => {
+            layout!($t {
+                name, pciPath, guid, ptrSupport, regIsGlobal, forceFlush, speed, port, latency,
+                maxComms, maxRecvs, netDeviceType, netDeviceVersion, vProps, maxP2pBytes,
+                maxCollBytes $(, $extra)*
+            });
+        };
+    }
+    properties!(ncclNetProperties_v9_t {});
+    properties!(ncclNetProperties_v11_t {
+        maxMultiRequestSize
+    });
+    properties!(ncclNetProperties_v12_t {
+        maxMultiRequestSize,
+        railId,
+        planeId
+    });
+    layout!(ncclNet_v9_t {
+        name,
+        init,
+        devices,
+        getProperties,
+        listen,
+        connect,
+        accept,
+        regMr,
+        regMrDmaBuf,
+        deregMr,
+        isend,
+        irecv,
+        iflush,
+        test,
+        closeSend,
+        closeRecv,
+        closeListen,
+        getDeviceMr,
+        irecvConsumed,
+        makeVDevice
+    });
+    layout!(ncclNet_v10_t {
+        name,
+        init,
+        devices,
+        getProperties,
+        listen,
+        connect,
+        accept,
+        regMr,
+        regMrDmaBuf,
+        deregMr,
+        isend,
+        irecv,
+        iflush,
+        test,
+        closeSend,
+        closeRecv,
+        closeListen,
+        getDeviceMr,
+        irecvConsumed,
+        makeVDevice
+    });
+    layout!(ncclNet_v11_t {
+        name,
+        init,
+        devices,
+        getProperties,
+        listen,
+        connect,
+        accept,
+        regMr,
+        regMrDmaBuf,
+        deregMr,
+        isend,
+        irecv,
+        iflush,
+        test,
+        closeSend,
+        closeRecv,
+        closeListen,
+        getDeviceMr,
+        irecvConsumed,
+        makeVDevice,
+        finalize,
+        setNetAttr
+    });
+    layout!(ncclNet_v12_t {
+        name,
+        init,
+        devices,
+        getProperties,
+        listen,
+        connect,
+        accept,
+        regMr,
+        regMrDmaBuf,
+        deregMr,
+        isend,
+        irecv,
+        iflush,
+        test,
+        closeSend,
+        closeRecv,
+        closeListen,
+        getDeviceMr,
+        irecvConsumed,
+        makeVDevice,
+        finalize,
+        setNetAttr
+    });
+    // The aliases NCCL's headers declare per version must name the same layouts.
+    for (alias, of) in [
+        ("ncclNetProperties_v10_t", "ncclNetProperties_v9_t"),
+        ("ncclNetVDeviceProps_v10_t", "ncclNetVDeviceProps_v9_t"),
+        ("ncclNetVDeviceProps_v11_t", "ncclNetVDeviceProps_v9_t"),
+        ("ncclNetCommConfig_v11_t", "ncclNetCommConfig_v10_t"),
+        ("ncclNetCommConfig_v12_t", "ncclNetCommConfig_v10_t"),
+        ("ncclNetAttr_v12_t", "ncclNetAttr_v11_t"),
+        ("ncclNetDeviceHandle_v12_t", "ncclNetDeviceHandle_v8_t"),
+    ] {
+        let size = facts
+            .iter()
+            .find(|(k, _)| k == &format!("sizeof({of})"))
+            .unwrap()
+            .1;
+        facts.push((format!("sizeof({alias})"), size));
+    }
     facts.push((
         "sizeof(ncclResult_t)".into(),
         size_of::<ncclResult_t>() as i64,
@@ -90,13 +233,18 @@ fn rust_side() -> Vec<(String, i64)> {
         NCCL_PTR_HOST => NCCL_PTR_HOST, NCCL_PTR_CUDA => NCCL_PTR_CUDA, NCCL_PTR_DMABUF => NCCL_PTR_DMABUF,
         NCCL_NET_DEVICE_HOST => NCCL_NET_DEVICE_HOST,
         NCCL_NET_DEVICE_INVALID_VERSION => NCCL_NET_DEVICE_INVALID_VERSION,
+        NCCL_NET_MAX_DEVS_PER_NIC_V11 => NCCL_NET_MAX_DEVS_PER_NIC_V11,
+        NCCL_NET_MAX_DEVS_PER_NIC_V12 => NCCL_NET_MAX_DEVS_PER_NIC_V12,
+        NCCL_NET_TRAFFIC_CLASS_UNDEF => NCCL_NET_TRAFFIC_CLASS_UNDEF,
+        NCCL_NET_ID_UNDEF => NCCL_NET_ID_UNDEF,
+        NCCL_MAX_NET_SIZE_BYTES => NCCL_MAX_NET_SIZE_BYTES,
     );
     facts
 }
 
 fn c_side(facts: &[(String, i64)]) -> BTreeMap<String, i64> {
     let mut src = String::from(
-        "#include <stdio.h>\n#include <stddef.h>\n#include \"nccl_net_v8.h\"\nint main(void) {\n",
+        "#include <stdio.h>\n#include <stddef.h>\n#include \"nccl_net_v8.h\"\n#include \"nccl_net_v12.h\"\nint main(void) {\n",
     );
     for (expr, _) in facts {
         writeln!(
@@ -133,9 +281,31 @@ fn headers_and_rust_mirrors_agree_on_every_size_offset_and_constant() {
         .collect();
     assert!(
         mismatches.is_empty(),
-        "nccl-headers/nccl_net_v8.h and src/abi/types.rs disagree (re-check nccl-net-abi.md §1.5 \
+        "nccl-headers/nccl_net_v*.h and src/abi/types.rs disagree (re-check nccl-net-abi.md §1.5 \
          and rust-stack.md §4, then fix the side that is wrong):\n{}",
         mismatches.join("\n")
     );
-    assert!(rust.len() > 50, "every field of every struct is listed");
+    assert!(rust.len() > 200, "every field of every struct is listed");
+    for (table, size) in [
+        ("ncclNet_v8_t", 152),
+        ("ncclNet_v9_t", 160),
+        ("ncclNet_v10_t", 160),
+        ("ncclNet_v11_t", 176),
+        ("ncclNet_v12_t", 176),
+        ("ncclNetProperties_v8_t", 64),
+        ("ncclNetProperties_v9_t", 104),
+        ("ncclNetProperties_v10_t", 104),
+        ("ncclNetProperties_v11_t", 112),
+        ("ncclNetProperties_v12_t", 128),
+        ("ncclNetAttr_v12_t", 44),
+        ("ncclNetVDeviceProps_v11_t", 20),
+        ("ncclNetVDeviceProps_v12_t", 36),
+        ("ncclNetDeviceHandle_v12_t", 32),
+    ] {
+        assert_eq!(
+            c[&format!("sizeof({table})")],
+            size,
+            "{table} (nccl-net-abi.md §1.5)"
+        );
+    }
 }

@@ -1,16 +1,37 @@
 //! The benchmark's command line on the host: bad input gives one clear line and exit code 1.
 #![allow(clippy::unwrap_used)] // test code panics with context
 
+mod support;
+
+use std::path::PathBuf;
 use std::process::Command;
 
 fn bench(args: &[&str]) -> (i32, String) {
+    let (code, _, err) = bench_env(args, &[]);
+    (code, err)
+}
+
+/// Exit code, stdout and stderr of the benchmark run with `env` added.
+fn bench_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_nccl-net-bench"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     (
         out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `tests/c_host/fixture_plugin.c` as a shared object: a v12 plugin that logs unconditionally in
+/// init and only becomes usable through the table init rewrites.
+fn fixture_plugin() -> PathBuf {
+    support::compile_c(
+        &support::repo_root().join("tests/c_host/fixture_plugin.c"),
+        "libfixture_plugin.so",
+        &["-shared", "-fPIC"],
     )
 }
 
@@ -41,7 +62,7 @@ fn unknown_arguments_and_bad_sizes_are_rejected() {
 fn a_library_without_the_symbol_is_named() {
     let (code, err) = bench(&["--plugin", "libc.so.6"]);
     assert_eq!(code, 1);
-    assert!(err.contains("exports no ncclNetPlugin_v8"), "{err}");
+    assert!(err.contains("exports no ncclNetPlugin_v8 .. v12"), "{err}");
     let (_, err) = bench(&["--plugin", "/nonexistent/libnccl-net.so"]);
     assert!(
         err.contains("cannot load /nonexistent/libnccl-net.so"),
@@ -63,4 +84,36 @@ fn a_plugin_without_devices_says_so() {
         err.contains("device 0 not found; the plugin offers []"),
         "{err}"
     );
+}
+
+/// The benchmark drives a plugin as NCCL does: a logger at init (the fixture calls it without a
+/// NULL check), entries read through the table after init (the fixture rewrites them there).
+#[test]
+fn a_plugin_that_logs_in_init_and_rewrites_its_table_runs_under_the_bench() {
+    let fixture = fixture_plugin();
+    let (code, out, err) = bench_env(
+        &[
+            "--plugin",
+            fixture.to_str().unwrap(),
+            "--max",
+            "4K",
+            "--bytes",
+            "64K",
+            "--lat-iters",
+            "10",
+            "--verify",
+            "--json",
+        ],
+        &[("NCCL_DEBUG", "INFO")],
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        err.contains("NCCL INFO fixture plugin init for comm"),
+        "{err}"
+    );
+    assert!(out.contains("\"name\":\"Fixture\",\"abi\":12"), "{out}");
+    assert_eq!(out.matches("\"verified\":true").count(), 10, "{out}");
+    let (code, err) = bench(&["--plugin", fixture.to_str().unwrap(), "--abi", "8"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("exports no ncclNetPlugin_v8"), "{err}");
 }

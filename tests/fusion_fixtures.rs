@@ -8,7 +8,8 @@ use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 
 use nccl_net::topology::{
-    Fusion, FusionPolicy, HcaPort, LinkLayer, SysfsRoot, fuse, select_devices,
+    Fusion, FusionPolicy, HcaPort, LinkLayer, SysfsRoot, fuse, fuse_listed, physical_then_explicit,
+    select_devices,
 };
 
 /// A sysfs tree under a temporary directory, removed on drop.
@@ -262,5 +263,70 @@ fn devices_without_a_pci_parent_fuse_only_when_listed() {
     assert_eq!(
         off.decisions[0],
         "fusion rxe0+rxe1 refused: NCCL_IB_MERGE_NICS=0 turns fusion off"
+    );
+}
+
+impl Fixture {
+    /// The selected ports, in NCCL's order, as `makeVDevice` sees them (ncclNet v9+).
+    fn ports(&self) -> Vec<nccl_net::topology::NetDevice> {
+        select_devices(&self.ports, None, &SysfsRoot::new(&self.root)).devices
+    }
+}
+
+/// ncclNet v9+: every port stays a device of its own; `NCCL_NET_RS_FUSE` groups come after them.
+#[test]
+fn from_v9_ports_stay_alone_and_listed_groups_are_appended() {
+    let mut fx = Fixture::new("v9-ports");
+    let (f0, f1) = (
+        format!("{BRIDGE}/0000:0b:00.0"),
+        format!("{BRIDGE}/0000:0b:00.1"),
+    );
+    fx.rdma("mlx5_0", Some(&f0), None)
+        .rdma("mlx5_1", Some(&f1), None)
+        .rdma("rxe0", None, None);
+    let f = physical_then_explicit(fx.ports(), &explicit(&[&["mlx5_1", "rxe0"]]));
+    assert_eq!(names(&f), ["mlx5_0", "mlx5_1", "rxe0", "mlx5_1+rxe0"]);
+    assert_eq!(
+        f.decisions,
+        ["fused mlx5_1+rxe0 (800000 Mbps): listed in NCCL_NET_RS_FUSE"]
+    );
+}
+
+/// `makeVDevice` goes through the same rules as every fusion.
+#[test]
+fn make_vdevice_fuses_ports_of_one_nic_and_refuses_a_vf_with_its_own_pf() {
+    let mut fx = Fixture::new("vdev");
+    let (pf, vf, other) = (
+        format!("{BRIDGE}/0000:0b:00.0"),
+        format!("{BRIDGE}/0000:0b:00.2"),
+        format!("{BRIDGE}/0000:0b:00.1"),
+    );
+    fx.rdma("mlx5_0", Some(&pf), None)
+        .rdma("mlx5_1", Some(&other), None)
+        .rdma("mlx5_2", Some(&vf), Some(&pf));
+    let ports = fx.ports();
+    let fused = fuse_listed(&[&ports[0], &ports[1]], &defaults()).unwrap();
+    assert_eq!(fused.name(), "mlx5_0+mlx5_1");
+    let why = fuse_listed(&[&ports[0], &ports[2]], &defaults()).unwrap_err();
+    assert!(
+        why.contains("mlx5_2 is a VF of 0000:0b:00.0, which is mlx5_0"),
+        "{why}"
+    );
+    let off = FusionPolicy {
+        merge_nics: false,
+        ..defaults()
+    };
+    assert_eq!(
+        fuse_listed(&[&ports[0], &ports[1]], &off).unwrap_err(),
+        "NCCL_IB_MERGE_NICS=0 turns fusion off"
+    );
+    let two = FusionPolicy {
+        max_members: 2,
+        ..defaults()
+    };
+    assert!(
+        fuse_listed(&[&ports[0], &ports[1], &ports[2]], &two)
+            .unwrap_err()
+            .contains("3 ports, more than the 2 one device may fuse")
     );
 }

@@ -37,7 +37,7 @@ proptest! {
             ("NCCL_IB_QPS_PER_CONNECTION", qps.to_string()),
             ("NCCL_IB_TC", tc.to_string()),
         ]).unwrap();
-        prop_assert_eq!((c.ib_timeout, c.retry_cnt, c.qps_per_connection, c.traffic_class), (timeout, retry, qps, tc));
+        prop_assert_eq!((c.ib_timeout, c.retry_cnt, c.qps_per_connection, c.traffic_class), (timeout, retry, qps, Some(tc)));
     }
 
     #[test]
@@ -68,7 +68,7 @@ proptest! {
     }
 
     #[test]
-    fn listen_handles_round_trip(ip in any::<[u8; 16]>(), v4 in any::<bool>(), port in 1u16.., nonce in any::<u64>(), members in 1u8..=4) {
+    fn listen_handles_round_trip(ip in any::<[u8; 16]>(), v4 in any::<bool>(), port in 1u16.., nonce in any::<u64>(), members in 1u8..=8) {
         let ip = if v4 {
             IpAddr::V4(std::net::Ipv4Addr::new(ip[0] | 1, ip[1], ip[2], ip[3]))
         } else {
@@ -94,7 +94,7 @@ proptest! {
     fn hellos_round_trip(
         accept in any::<bool>(),
         nonces in any::<(u64, u64)>(),
-        members in 1usize..=4,
+        members in 1usize..=8,
         per_member in 1usize..=16,
         seed in any::<u32>(),
         ring_addr in any::<u64>(),
@@ -127,7 +127,7 @@ proptest! {
     }
 
     #[test]
-    fn cts_entries_round_trip(addr in any::<u64>(), size in any::<u64>(), rkeys in any::<[u32; 4]>(), tag in any::<i32>(), nreqs in any::<u32>(), seq in any::<u64>()) {
+    fn cts_entries_round_trip(addr in any::<u64>(), size in any::<u64>(), rkeys in any::<[u32; 8]>(), tag in any::<i32>(), nreqs in any::<u32>(), seq in any::<u64>()) {
         let c = Cts { addr, size, rkeys, tag, nreqs, seq_plus_one: seq };
         prop_assert_eq!(Cts::parse(&c.emit()), c);
     }

@@ -1,5 +1,5 @@
-//! The shared object exports exactly one dynamic symbol of ours, has the soname the install uses,
-//! and is NODELETE (NCCL dlcloses plugins and may reopen them).
+//! The shared object exports exactly the five ncclNet tables (v8 to v12) as data symbols, has
+//! the soname the install uses, and is NODELETE (NCCL dlcloses plugins and may reopen them).
 #![allow(clippy::unwrap_used)] // test helpers panic with context
 
 mod support;
@@ -21,25 +21,34 @@ fn tool(name: &str, args: &[&str]) -> String {
 }
 
 #[test]
-fn only_ncclnetplugin_v8_is_exported() {
+fn exactly_the_five_tables_are_exported_as_data() {
     let defined = tool("nm", &["-D", "--defined-only"]);
-    let names: Vec<&str> = defined
+    let mut symbols: Vec<(&str, &str)> = defined
         .lines()
-        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter_map(|l| {
+            let mut words = l.split_whitespace().skip(1);
+            Some((words.next()?, words.next()?))
+        })
         .collect();
+    symbols.sort_by_key(|&(_, name)| name);
+    let names: Vec<&str> = symbols.iter().map(|&(_, name)| name).collect();
     assert_eq!(
         names,
-        ["ncclNetPlugin_v8"],
+        [
+            "ncclNetPlugin_v10",
+            "ncclNetPlugin_v11",
+            "ncclNetPlugin_v12",
+            "ncclNetPlugin_v8",
+            "ncclNetPlugin_v9"
+        ],
         "unexpected dynamic symbols:\n{defined}"
     );
-    let kind = defined
-        .lines()
-        .find_map(|l| l.split_whitespace().nth(1))
-        .unwrap();
-    assert!(
-        matches!(kind, "D" | "R"),
-        "ncclNetPlugin_v8 must be a data symbol, nm says '{kind}'"
-    );
+    for (kind, name) in symbols {
+        assert!(
+            matches!(kind, "D" | "R"),
+            "{name} must be a data symbol, nm says '{kind}'"
+        );
+    }
 }
 
 #[test]

@@ -1,11 +1,12 @@
-//! `extern "C"` trampolines behind the v8 table: each one line of argument checking, then into
-//! the plugin, all through [`entry`].
+//! The engine side of every table: [`entry`] (panics caught, errors mapped and logged once), the
+//! trampolines whose signature is the same in every version, and the helpers the versions'
+//! shims (`v8.rs` .. `v12.rs`) call after converting their arguments. Nothing here knows which
+//! version called it.
 
 use std::any::Any;
 use std::ffi::{c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
-use std::sync::Arc;
 
 use super::handles::{self, RequestOwner};
 use super::out::Out;
@@ -13,12 +14,13 @@ use super::to_nccl;
 use super::types::{
     NCCL_NET_DEVICE_HOST, NCCL_NET_DEVICE_INVALID_VERSION, NCCL_NET_HANDLE_MAXSIZE, NCCL_PTR_CUDA,
     NCCL_PTR_DMABUF, NCCL_PTR_HOST, ncclDebugLogger_t, ncclInternalError, ncclNetDeviceHandle_v8_t,
-    ncclNetProperties_v8_t, ncclResult_t, ncclSuccess,
+    ncclResult_t, ncclSuccess,
 };
 use crate::core::error::{Error, Result};
+use crate::core::proto::MAX_MESSAGE_BYTES;
 use crate::core::wire::ListenHandle;
 use crate::log;
-use crate::plugin::{MAX_GROUPED_RECVS, MemorySupport, Plugin};
+use crate::plugin::{DeviceModel, MAX_GROUPED_RECVS, MemorySupport, Plugin};
 use crate::transport::{Connecting, ListenComm, RecvTarget};
 
 /// Run one NCCL entry point: catch panics, map errors once, log once.
@@ -62,67 +64,144 @@ fn ptr_support_bits(memory: MemorySupport) -> c_int {
     bits
 }
 
-fn clamp_to_c_int(value: u32) -> c_int {
-    c_int::try_from(value).unwrap_or(c_int::MAX)
+fn clamp_to_c_int(value: impl TryInto<c_int>) -> c_int {
+    value.try_into().unwrap_or(c_int::MAX)
 }
 
-pub(super) unsafe extern "C" fn net_init(logger: ncclDebugLogger_t) -> ncclResult_t {
+/// What every version's `getProperties` reports, before it is copied into that version's struct.
+#[derive(Debug)]
+pub(super) struct Properties {
+    pub(super) name: *mut std::ffi::c_char,
+    pub(super) pci_path: *mut std::ffi::c_char,
+    pub(super) guid: u64,
+    pub(super) ptr_support: c_int,
+    /// NCCL must flush after every GDR receive: only mlx5 Data-Direct devices need that, and
+    /// this plugin drives none, so 0.
+    pub(super) force_flush: c_int,
+    pub(super) speed: c_int,
+    pub(super) port: c_int,
+    pub(super) max_comms: c_int,
+    pub(super) max_recvs: c_int,
+    pub(super) device_type: c_int,
+    pub(super) device_version: c_int,
+    /// The physical devices (ports) it is made of.
+    pub(super) members: Vec<c_int>,
+    /// `maxP2pBytes` and `maxCollBytes`.
+    pub(super) max_bytes: usize,
+}
+
+impl Properties {
+    /// The device's properties.
+    pub(super) fn of(dev: c_int) -> Result<Self> {
+        let device = Plugin::get()?.device(dev)?;
+        Ok(Self {
+            name: device.c_name.as_ptr().cast_mut(),
+            pci_path: device
+                .c_pci_path
+                .map_or(ptr::null_mut(), |p| p.as_ptr().cast_mut()),
+            guid: device.virt.first().guid,
+            ptr_support: ptr_support_bits(device.memory),
+            force_flush: 0,
+            speed: clamp_to_c_int(device.virt.speed_mbps()),
+            port: clamp_to_c_int(device.virt.first().port),
+            max_comms: clamp_to_c_int(device.virt.max_comms()),
+            max_recvs: clamp_to_c_int(MAX_GROUPED_RECVS),
+            device_type: NCCL_NET_DEVICE_HOST,
+            device_version: NCCL_NET_DEVICE_INVALID_VERSION,
+            members: device.physical.iter().map(|&i| clamp_to_c_int(i)).collect(),
+            max_bytes: usize::try_from(MAX_MESSAGE_BYTES).unwrap_or(usize::MAX),
+        })
+    }
+
+    /// `vProps.ndevs` and `vProps.devs` for a version that lists at most `N` members.
+    pub(super) fn virtual_members<const N: usize>(&self) -> Result<(c_int, [c_int; N])> {
+        if self.members.len() > N {
+            return Err(Error::misuse(format!(
+                "this device fuses {} ports; this ncclNet version can describe at most {N} \
+                 (use ncclNet v12, NCCL 2.30+, or a smaller NCCL_NET_RS_FUSE group)",
+                self.members.len()
+            )));
+        }
+        let mut devs = [0; N];
+        devs[..self.members.len()].copy_from_slice(&self.members);
+        Ok((clamp_to_c_int(self.members.len()), devs))
+    }
+}
+
+/// `$t { .. }` filled from the [`Properties`] `$p`: the fields of v8's struct, then `$extra`
+/// (what later versions add).
+macro_rules! properties {
+    ($t:ident, $p:expr, { $($field:ident: $value:expr),* $(,)? }) => {
+        $t {
+            name: $p.name,
+            pciPath: $p.pci_path,
+            guid: $p.guid,
+            ptrSupport: $p.ptr_support,
+            regIsGlobal: 0,
+            speed: $p.speed,
+            port: $p.port,
+            latency: 0.0,
+            maxComms: $p.max_comms,
+            maxRecvs: $p.max_recvs,
+            netDeviceType: $p.device_type,
+            netDeviceVersion: $p.device_version,
+            $($field: $value),*
+        }
+    };
+}
+pub(super) use properties;
+
+/// `init` of every version: remember the logger, then build (or join) the plugin state.
+pub(super) fn init(logger: ncclDebugLogger_t, model: DeviceModel) -> ncclResult_t {
     super::logger::set(logger);
-    entry("init", || Plugin::init().map(|_| ()))
+    entry("init", || Plugin::init(model).map(drop))
 }
 
 pub(super) unsafe extern "C" fn net_devices(ndev: *mut c_int) -> ncclResult_t {
     entry("devices", || {
         // SAFETY: NCCL passes a pointer to one int (checked for NULL by `Out::new`).
         let out = unsafe { Out::new(ndev, "ndev") }?;
-        let count = Plugin::get()?.devices().len();
-        out.write(c_int::try_from(count).unwrap_or(c_int::MAX));
+        out.write(clamp_to_c_int(Plugin::get()?.device_count()));
         Ok(())
     })
 }
 
-pub(super) unsafe extern "C" fn net_get_properties(
+/// `getProperties`: fill `props` through `convert` (the version's struct).
+///
+/// # Safety
+/// `props` is NULL or points at NCCL's properties struct of type `P`.
+pub(super) unsafe fn get_properties<P>(
     dev: c_int,
-    props: *mut ncclNetProperties_v8_t,
+    props: *mut P,
+    convert: impl FnOnce(Properties) -> Result<P>,
 ) -> ncclResult_t {
     entry("getProperties", || {
         // SAFETY: NCCL passes a pointer to a properties struct it owns (checked for NULL).
         let out = unsafe { Out::new(props, "props") }?;
-        let device = Plugin::get()?.device(dev)?;
-        out.write(ncclNetProperties_v8_t {
-            name: device.c_name.as_ptr().cast_mut(),
-            pciPath: device
-                .c_pci_path
-                .as_ref()
-                .map_or(ptr::null_mut(), |p| p.as_ptr().cast_mut()),
-            guid: device.virt.first().guid,
-            ptrSupport: ptr_support_bits(device.memory),
-            regIsGlobal: 0,
-            speed: clamp_to_c_int(device.virt.speed_mbps()),
-            port: clamp_to_c_int(device.virt.first().port),
-            latency: 0.0,
-            maxComms: clamp_to_c_int(device.virt.max_comms()),
-            maxRecvs: clamp_to_c_int(MAX_GROUPED_RECVS),
-            netDeviceType: NCCL_NET_DEVICE_HOST,
-            netDeviceVersion: NCCL_NET_DEVICE_INVALID_VERSION,
-        });
+        out.write(convert(Properties::of(dev)?)?);
         Ok(())
     })
 }
 
-pub(super) unsafe extern "C" fn net_listen(
+/// `listen` on device `dev`, once `context` (the version's check of its context) passed.
+///
+/// # Safety
+/// `handle` is NULL or NCCL's 128-byte handle buffer; `listen_comm` NULL or its out-slot.
+pub(super) unsafe fn listen(
     dev: c_int,
     handle: *mut c_void,
     listen_comm: *mut *mut c_void,
+    context: impl FnOnce() -> Result<()>,
 ) -> ncclResult_t {
     entry("listen", || {
+        context()?;
         // SAFETY: NCCL passes a pointer to its listen-comm slot (checked for NULL).
         let out = unsafe { Out::new(listen_comm, "listenComm") }?;
         if handle.is_null() {
             return Err(Error::misuse("NULL handle"));
         }
         let ctx = Plugin::get()?.context(dev)?;
-        let comm = ListenComm::new(Arc::clone(ctx))?;
+        let comm = ListenComm::new(ctx)?;
         let mut wire = [0u8; ListenHandle::LEN];
         comm.handle().emit(&mut wire);
         // SAFETY: NCCL's handle buffer holds NCCL_NET_HANDLE_MAXSIZE (128) writable bytes.
@@ -135,11 +214,16 @@ pub(super) unsafe extern "C" fn net_listen(
     })
 }
 
-pub(super) unsafe extern "C" fn net_connect(
+/// `connect` to the listener in `handle`, for a communicator with traffic class `comm_class`.
+///
+/// # Safety
+/// `handle` is NULL or NCCL's 128-byte handle buffer, the same for every call of one connect;
+/// `send_comm` NULL or its out-slot.
+pub(super) unsafe fn connect(
     dev: c_int,
     handle: *mut c_void,
     send_comm: *mut *mut c_void,
-    _send_dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
+    comm_class: impl FnOnce() -> Result<Option<u8>>,
 ) -> ncclResult_t {
     entry("connect", || {
         // SAFETY: NCCL passes a pointer to its send-comm slot (checked for NULL).
@@ -148,9 +232,12 @@ pub(super) unsafe extern "C" fn net_connect(
             return Err(Error::misuse("NULL handle"));
         }
         let handle = handle.cast::<u8>();
-        let start = |h| Ok(Connecting::new(Arc::clone(Plugin::get()?.context(dev)?), h));
-        // SAFETY: NCCL's 128-byte handle, written by our listen and passed unchanged to every
-        // connect call of this connection.
+        let start = |h| {
+            let ctx = Plugin::get()?.context(dev)?;
+            Ok(Connecting::new(ctx, h, comm_class()?))
+        };
+        // SAFETY: NCCL's 128-byte handle, passed unchanged to every connect call of this
+        // connection.
         let mut state = unsafe { handles::resume_connect(handle, start) }?;
         match state.progress()? {
             Some(comm) => out.write(handles::send_into_raw(comm)),
@@ -247,14 +334,20 @@ pub(super) unsafe extern "C" fn net_dereg_mr(
     })
 }
 
-fn non_negative(value: c_int, what: &str) -> Result<u64> {
+/// A size NCCL passed as a C `int` (v8's isend, irecv and every version's iflush).
+pub(super) fn non_negative(value: c_int, what: &str) -> Result<u64> {
     u64::try_from(value).map_err(|_| Error::misuse(format!("negative {what} {value}")))
 }
 
-pub(super) unsafe extern "C" fn net_isend_v8(
+/// `isend` of `size` bytes (converted by the version).
+///
+/// # Safety
+/// NCCL's isend contract: `send_comm` from connect, `mhandle` from regMr, `data[..size]` valid
+/// and unchanged until `test` reports the request done, `request` NULL or its out-slot.
+pub(super) unsafe fn isend(
     send_comm: *mut c_void,
     data: *mut c_void,
-    size: c_int,
+    size: Result<u64>,
     tag: c_int,
     mhandle: *mut c_void,
     request: *mut *mut c_void,
@@ -262,7 +355,7 @@ pub(super) unsafe extern "C" fn net_isend_v8(
     entry("isend", || {
         // SAFETY: NCCL passes a pointer to its request slot (checked for NULL).
         let out = unsafe { Out::new(request, "request") }?;
-        let size = non_negative(size, "size")?;
+        let size = size?;
         // SAFETY: NCCL passes back the pointer connect() returned.
         let comm = unsafe { handles::send_comm(send_comm) }?;
         // SAFETY: NCCL passes back a handle regMr returned.
@@ -278,7 +371,7 @@ pub(super) unsafe extern "C" fn net_isend_v8(
 ///
 /// # Safety
 /// `ptr` is NULL or points at `n` readable elements.
-unsafe fn array<'a, T>(ptr: *const T, n: usize, what: &str) -> Result<&'a [T]> {
+pub(super) unsafe fn array<'a, T>(ptr: *const T, n: usize, what: &str) -> Result<&'a [T]> {
     if ptr.is_null() {
         return Err(Error::misuse(format!("NULL {what}")));
     }
@@ -293,11 +386,16 @@ fn group_size(n: c_int) -> Result<usize> {
         .ok_or_else(|| Error::misuse(format!("n={n} (must be 1..={MAX_GROUPED_RECVS})")))
 }
 
-pub(super) unsafe extern "C" fn net_irecv_v8(
+/// `irecv` of `n` buffers whose capacities `sizes` reads (converted by the version).
+///
+/// # Safety
+/// NCCL's irecv contract: arrays of `n` elements, buffers writable until `test` reports the
+/// request done, `request` NULL or its out-slot (possibly holding the 0x1 sentinel).
+pub(super) unsafe fn irecv(
     recv_comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
-    sizes: *mut c_int,
+    sizes: impl FnOnce(usize) -> Result<Vec<u64>>,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
@@ -311,24 +409,19 @@ pub(super) unsafe extern "C" fn net_irecv_v8(
         let comm = unsafe { handles::recv_comm(recv_comm) }?;
         // SAFETY: NCCL passes arrays of `n` elements.
         let data = unsafe { array(data, n, "data") }?;
-        // SAFETY: as above.
-        let sizes = unsafe { array(sizes, n, "sizes") }?;
+        let sizes = sizes(n)?;
         // SAFETY: as above.
         let tags = unsafe { array(tags, n, "tags") }?;
         // SAFETY: as above.
         let mhandles = unsafe { array(mhandles, n, "mhandles") }?;
-        let mut mrs = Vec::with_capacity(n);
-        for &mh in mhandles {
-            // SAFETY: NCCL passes back handles regMr returned.
-            mrs.push(unsafe { handles::mr(mh) }?);
-        }
         let mut targets = Vec::with_capacity(n);
         for i in 0..n {
             targets.push(RecvTarget {
                 addr: data[i] as u64,
-                size: non_negative(sizes[i], "size")?,
+                size: sizes[i],
                 tag: tags[i],
-                mr: mrs[i],
+                // SAFETY: NCCL passes back handles regMr returned.
+                mr: unsafe { handles::mr(mhandles[i]) }?,
             });
         }
         // SAFETY: NCCL keeps the buffers writable until test() reports this request done.
@@ -372,6 +465,8 @@ pub(super) unsafe extern "C" fn net_iflush(
     })
 }
 
+/// `test` of every version. Sizes are C `int`s in every version (NCCL's `test` signature): a
+/// transfer of more than `INT_MAX` bytes reports `INT_MAX`.
 pub(super) unsafe extern "C" fn net_test(
     request: *mut c_void,
     done: *mut c_int,
@@ -392,12 +487,11 @@ pub(super) unsafe extern "C" fn net_test(
         };
         if !sizes.is_null() {
             for (i, size) in finished.iter().enumerate() {
-                let value = c_int::try_from(*size).unwrap_or(c_int::MAX);
                 // SAFETY: NCCL's sizes array has room for one entry per buffer of the request
                 // (NCCL_PROXY_MAX_SUBS for receives, one for sends).
                 let slot = unsafe { sizes.add(i) };
                 // SAFETY: as above.
-                unsafe { slot.write(value) };
+                unsafe { slot.write(clamp_to_c_int(*size)) };
             }
         }
         done.write(1);
@@ -427,6 +521,37 @@ pub(super) unsafe extern "C" fn net_close_listen(listen_comm: *mut c_void) -> nc
         drop(unsafe { handles::take_listen_comm(listen_comm) }?);
         Ok(())
     })
+}
+
+/// `makeVDevice` with the members the version's struct listed (at most `max` of them).
+///
+/// # Safety
+/// `d` is NULL or NCCL's out-slot for the new index.
+pub(super) unsafe fn make_vdevice(
+    d: *mut c_int,
+    members: Result<Vec<c_int>>,
+    max: usize,
+) -> ncclResult_t {
+    entry("makeVDevice", || {
+        // SAFETY: NCCL passes a pointer to one int (checked for NULL).
+        let out = unsafe { Out::new(d, "d") }?;
+        out.write(Plugin::get()?.make_virtual_device(&members?, max)?);
+        Ok(())
+    })
+}
+
+/// The members a `vProps` struct lists: `ndevs` of `devs`, checked against its capacity.
+pub(super) fn listed_members(ndevs: c_int, devs: &[c_int]) -> Result<Vec<c_int>> {
+    usize::try_from(ndevs)
+        .ok()
+        .filter(|n| (1..=devs.len()).contains(n))
+        .map(|n| devs[..n].to_vec())
+        .ok_or_else(|| {
+            Error::misuse(format!(
+                "makeVDevice with ndevs={ndevs} (must be 1..={})",
+                devs.len()
+            ))
+        })
 }
 
 #[cfg(test)]
@@ -482,5 +607,13 @@ mod tests {
             ptr_support_bits(all),
             NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF
         );
+    }
+
+    #[test]
+    fn vprops_members_are_checked_against_the_capacity() {
+        assert_eq!(listed_members(2, &[3, 4, 0, 0]).unwrap(), [3, 4]);
+        assert!(listed_members(0, &[0; 4]).is_err());
+        assert!(listed_members(5, &[0; 4]).is_err());
+        assert!(listed_members(-1, &[0; 8]).is_err());
     }
 }

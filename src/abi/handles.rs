@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use super::types::NCCL_NET_HANDLE_MAXSIZE;
 use crate::core::error::{Error, Result};
 use crate::core::wire::ListenHandle;
+use crate::plugin::CommContext;
 use crate::transport::{
     Connecting, ListenComm, MrHandle, RECV_REQUESTS, RecvComm, SEND_REQUESTS, SendComm, random_u64,
 };
@@ -23,6 +24,7 @@ const SEND_TAG: u32 = 0x444e_4553;
 const RECV_TAG: u32 = 0x5643_4552;
 const MR_TAG: u32 = 0x524d_4752;
 const TOKEN_TAG: u32 = 0x4b4f_5452;
+const CONTEXT_TAG: u32 = 0x5854_4352;
 
 #[repr(C)]
 #[derive(Debug)]
@@ -103,6 +105,10 @@ pub(super) fn recv_into_raw(comm: RecvComm) -> *mut c_void {
 
 pub(super) fn mr_into_raw(mr: MrHandle) -> *mut c_void {
     Box::into_raw(boxed(MR_TAG, mr)).cast()
+}
+
+pub(super) fn context_into_raw(ctx: CommContext) -> *mut c_void {
+    Box::into_raw(boxed(CONTEXT_TAG, ctx)).cast()
 }
 
 impl<C> CommHandle<C> {
@@ -225,6 +231,20 @@ pub(super) unsafe fn mr<'a>(ptr: *mut c_void) -> Result<&'a MrHandle> {
 pub(super) unsafe fn take_mr(ptr: *mut c_void) -> Result<Box<Tagged<MrHandle>>> {
     // SAFETY: forwarded contract.
     unsafe { take(ptr, MR_TAG, "mhandle") }
+}
+
+/// # Safety
+/// `ptr` is NULL or a context from `context_into_raw`, not yet finalized.
+pub(super) unsafe fn context<'a>(ptr: *mut c_void) -> Result<&'a CommContext> {
+    // SAFETY: forwarded contract.
+    unsafe { borrow(ptr, CONTEXT_TAG, "context") }
+}
+
+/// # Safety
+/// As `context`; the context is freed.
+pub(super) unsafe fn take_context(ptr: *mut c_void) -> Result<Box<Tagged<CommContext>>> {
+    // SAFETY: forwarded contract.
+    unsafe { take(ptr, CONTEXT_TAG, "context") }
 }
 
 /// # Safety

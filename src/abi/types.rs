@@ -1,8 +1,8 @@
-//! Rust mirrors of the ncclNet v8 C types, with NCCL's exact names.
+//! Rust mirrors of the ncclNet v8 to v12 C types, with NCCL's exact names.
 //!
-//! This is the only file that uses C spellings. `nccl-headers/nccl_net_v8.h` declares the same
-//! types for C; the const block at the bottom pins every size and offset at compile time and
-//! `tests/abi_layout.rs` checks them against what a C compiler makes of the header.
+//! This is the only file that uses C spellings. `nccl-headers/nccl_net_v*.h` declare the same
+//! types for C; the const blocks pin every size and offset at compile time and
+//! `tests/abi_layout.rs` checks them against what a C compiler makes of the headers.
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
 use std::ffi::{c_char, c_float, c_int, c_ulong, c_void};
@@ -54,6 +54,17 @@ pub const NCCL_PTR_CUDA: c_int = 0x2;
 /// `ptrSupport` bit: CUDA memory through DMA-BUF.
 pub const NCCL_PTR_DMABUF: c_int = 0x4;
 
+/// Most physical devices one virtual device lists in v9 to v11 (`NCCL_NET_MAX_DEVS_PER_NIC_V11`).
+pub const NCCL_NET_MAX_DEVS_PER_NIC_V11: usize = 4;
+/// Most physical devices one virtual device lists in v12 (`NCCL_NET_MAX_DEVS_PER_NIC_V12`).
+pub const NCCL_NET_MAX_DEVS_PER_NIC_V12: usize = 8;
+/// A communicator without a traffic class.
+pub const NCCL_NET_TRAFFIC_CLASS_UNDEF: c_int = -1;
+/// Rail or plane not known (v12 properties).
+pub const NCCL_NET_ID_UNDEF: i16 = -1;
+/// Largest `maxP2pBytes`/`maxCollBytes` NCCL accepts (1 TiB).
+pub const NCCL_MAX_NET_SIZE_BYTES: usize = 1 << 40;
+
 /// `netDeviceType` of a plugin without device-side offload.
 pub const NCCL_NET_DEVICE_HOST: c_int = 0;
 /// `netDeviceVersion` of a HOST device.
@@ -91,6 +102,148 @@ pub struct ncclNetProperties_v8_t {
     pub maxRecvs: c_int,
     pub netDeviceType: c_int,
     pub netDeviceVersion: c_int,
+}
+
+/// NCCL's profiler callback (v10+). The plugin never calls it.
+pub type ncclProfilerCallback_t = Option<
+    unsafe extern "C" fn(*mut *mut c_void, c_int, *mut c_void, i64, *mut c_void) -> ncclResult_t,
+>;
+
+/// The device handle of v9 to v12 (the same layout as v8's).
+pub type ncclNetDeviceHandle_v9_t = ncclNetDeviceHandle_v8_t;
+/// The device handle of v10.
+pub type ncclNetDeviceHandle_v10_t = ncclNetDeviceHandle_v8_t;
+/// The device handle of v11.
+pub type ncclNetDeviceHandle_v11_t = ncclNetDeviceHandle_v8_t;
+/// The device handle of v12.
+pub type ncclNetDeviceHandle_v12_t = ncclNetDeviceHandle_v8_t;
+
+/// The physical devices a (virtual) device is made of, v9 to v11.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct ncclNetVDeviceProps_v9_t {
+    pub ndevs: c_int,
+    pub devs: [c_int; NCCL_NET_MAX_DEVS_PER_NIC_V11],
+}
+/// v10's virtual-device list (same as v9's).
+pub type ncclNetVDeviceProps_v10_t = ncclNetVDeviceProps_v9_t;
+/// v11's virtual-device list (same as v9's).
+pub type ncclNetVDeviceProps_v11_t = ncclNetVDeviceProps_v9_t;
+
+/// The physical devices a (virtual) device is made of, v12.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct ncclNetVDeviceProps_v12_t {
+    pub ndevs: c_int,
+    pub devs: [c_int; NCCL_NET_MAX_DEVS_PER_NIC_V12],
+}
+
+/// A communicator's configuration: v10's `connect` and v11+'s `init` take it.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct ncclNetCommConfig_v10_t {
+    pub trafficClass: c_int,
+}
+/// v11's communicator configuration.
+pub type ncclNetCommConfig_v11_t = ncclNetCommConfig_v10_t;
+/// v12's communicator configuration.
+pub type ncclNetCommConfig_v12_t = ncclNetCommConfig_v10_t;
+
+/// One direction's traffic hint (v11+ `setNetAttr`).
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct ncclNetCommAttr_v11_t {
+    pub maxConcurrentPeers: i32,
+    pub minConcurrentPeers: i32,
+    pub maxFlowsPerPeer: i32,
+    pub minFlowsPerPeer: i32,
+}
+/// v12's per-direction hint (same as v11's).
+pub type ncclNetCommAttr_v12_t = ncclNetCommAttr_v11_t;
+
+/// What `setNetAttr` passes (v11+).
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct ncclNetAttr_v11_t {
+    pub sendCommAttr: ncclNetCommAttr_v11_t,
+    pub recvCommAttr: ncclNetCommAttr_v11_t,
+    pub op: u32,
+    pub algo: u32,
+    pub proto: u32,
+}
+/// v12's traffic hints (same as v11's).
+pub type ncclNetAttr_v12_t = ncclNetAttr_v11_t;
+
+/// What `getProperties` reports in v9 (and v10): v8 plus `forceFlush`, `vProps` and sizes.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ncclNetProperties_v9_t {
+    pub name: *mut c_char,
+    pub pciPath: *mut c_char,
+    pub guid: u64,
+    pub ptrSupport: c_int,
+    pub regIsGlobal: c_int,
+    pub forceFlush: c_int,
+    pub speed: c_int,
+    pub port: c_int,
+    pub latency: c_float,
+    pub maxComms: c_int,
+    pub maxRecvs: c_int,
+    pub netDeviceType: c_int,
+    pub netDeviceVersion: c_int,
+    pub vProps: ncclNetVDeviceProps_v9_t,
+    pub maxP2pBytes: usize,
+    pub maxCollBytes: usize,
+}
+/// v10's properties (same as v9's).
+pub type ncclNetProperties_v10_t = ncclNetProperties_v9_t;
+
+/// v11's properties: v10 plus `maxMultiRequestSize`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ncclNetProperties_v11_t {
+    pub name: *mut c_char,
+    pub pciPath: *mut c_char,
+    pub guid: u64,
+    pub ptrSupport: c_int,
+    pub regIsGlobal: c_int,
+    pub forceFlush: c_int,
+    pub speed: c_int,
+    pub port: c_int,
+    pub latency: c_float,
+    pub maxComms: c_int,
+    pub maxRecvs: c_int,
+    pub netDeviceType: c_int,
+    pub netDeviceVersion: c_int,
+    pub vProps: ncclNetVDeviceProps_v11_t,
+    pub maxP2pBytes: usize,
+    pub maxCollBytes: usize,
+    pub maxMultiRequestSize: c_int,
+}
+
+/// v12's properties: v11 with eight `vProps` members, plus rail and plane.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ncclNetProperties_v12_t {
+    pub name: *mut c_char,
+    pub pciPath: *mut c_char,
+    pub guid: u64,
+    pub ptrSupport: c_int,
+    pub regIsGlobal: c_int,
+    pub forceFlush: c_int,
+    pub speed: c_int,
+    pub port: c_int,
+    pub latency: c_float,
+    pub maxComms: c_int,
+    pub maxRecvs: c_int,
+    pub netDeviceType: c_int,
+    pub netDeviceVersion: c_int,
+    pub vProps: ncclNetVDeviceProps_v12_t,
+    pub maxP2pBytes: usize,
+    pub maxCollBytes: usize,
+    pub maxMultiRequestSize: c_int,
+    pub railId: i16,
+    pub planeId: i16,
 }
 
 type R = ncclResult_t;
@@ -199,4 +352,258 @@ const _: () = {
     assert!(offset_of!(ncclNet_v8_t, isend) == 80);
     assert!(offset_of!(ncclNet_v8_t, test) == 104);
     assert!(offset_of!(ncclNet_v8_t, irecvConsumed) == 144);
+};
+
+/// Entry points v9 added or changed, shared by the tables that have them.
+type GetPropertiesV9 = Option<unsafe extern "C" fn(c_int, *mut ncclNetProperties_v9_t) -> R>;
+type IsendV9 = Option<
+    unsafe extern "C" fn(
+        *mut c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        *mut c_void,
+        *mut *mut c_void,
+    ) -> R,
+>;
+type IrecvV9 = Option<
+    unsafe extern "C" fn(
+        *mut c_void,
+        c_int,
+        *mut *mut c_void,
+        *mut usize,
+        *mut c_int,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> R,
+>;
+type IsendV10 = Option<
+    unsafe extern "C" fn(
+        *mut c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        *mut c_void,
+        *mut c_void,
+        *mut *mut c_void,
+    ) -> R,
+>;
+type IrecvV10 = Option<
+    unsafe extern "C" fn(
+        *mut c_void,
+        c_int,
+        *mut *mut c_void,
+        *mut usize,
+        *mut c_int,
+        *mut *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> R,
+>;
+type MakeVDeviceV9 = Option<unsafe extern "C" fn(*mut c_int, *mut ncclNetVDeviceProps_v9_t) -> R>;
+type AcceptV8 = Option<
+    unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut *mut ncclNetDeviceHandle_v8_t) -> R,
+>;
+type RegMr =
+    Option<unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, *mut *mut c_void) -> R>;
+type RegMrDmaBuf = Option<
+    unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, u64, c_int, *mut *mut c_void) -> R,
+>;
+type DeregMr = Option<unsafe extern "C" fn(*mut c_void, *mut c_void) -> R>;
+type Iflush = Option<
+    unsafe extern "C" fn(
+        *mut c_void,
+        c_int,
+        *mut *mut c_void,
+        *mut c_int,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> R,
+>;
+type Test = Option<unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> R>;
+type Close = Option<unsafe extern "C" fn(*mut c_void) -> R>;
+type GetDeviceMr = Option<unsafe extern "C" fn(*mut c_void, *mut c_void, *mut *mut c_void) -> R>;
+type IrecvConsumed = Option<unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> R>;
+type Devices = Option<unsafe extern "C" fn(*mut c_int) -> R>;
+type ListenV8 = Option<unsafe extern "C" fn(c_int, *mut c_void, *mut *mut c_void) -> R>;
+type ConnectV8 = Option<
+    unsafe extern "C" fn(
+        c_int,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut ncclNetDeviceHandle_v8_t,
+    ) -> R,
+>;
+type ListenV11 =
+    Option<unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut *mut c_void) -> R>;
+type ConnectV11 = Option<
+    unsafe extern "C" fn(
+        *mut c_void,
+        c_int,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut ncclNetDeviceHandle_v8_t,
+    ) -> R,
+>;
+type InitV11 = Option<
+    unsafe extern "C" fn(
+        *mut *mut c_void,
+        u64,
+        *mut ncclNetCommConfig_v11_t,
+        ncclDebugLogger_t,
+        ncclProfilerCallback_t,
+    ) -> R,
+>;
+type Finalize = Option<unsafe extern "C" fn(*mut c_void) -> R>;
+type SetNetAttr = Option<unsafe extern "C" fn(*mut c_void, *mut ncclNetAttr_v11_t) -> R>;
+
+/// The v9 function table, exported as `ncclNetPlugin_v9` (NCCL 2.24+).
+#[repr(C)]
+#[derive(Debug)]
+pub struct ncclNet_v9_t {
+    pub name: *const c_char,
+    pub init: Option<unsafe extern "C" fn(ncclDebugLogger_t) -> R>,
+    pub devices: Devices,
+    pub getProperties: GetPropertiesV9,
+    pub listen: ListenV8,
+    pub connect: ConnectV8,
+    pub accept: AcceptV8,
+    pub regMr: RegMr,
+    pub regMrDmaBuf: RegMrDmaBuf,
+    pub deregMr: DeregMr,
+    pub isend: IsendV9,
+    pub irecv: IrecvV9,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub closeSend: Close,
+    pub closeRecv: Close,
+    pub closeListen: Close,
+    pub getDeviceMr: GetDeviceMr,
+    pub irecvConsumed: IrecvConsumed,
+    pub makeVDevice: MakeVDeviceV9,
+}
+
+/// The v10 function table, exported as `ncclNetPlugin_v10` (NCCL 2.26+).
+#[repr(C)]
+#[derive(Debug)]
+pub struct ncclNet_v10_t {
+    pub name: *const c_char,
+    pub init: Option<unsafe extern "C" fn(ncclDebugLogger_t, ncclProfilerCallback_t) -> R>,
+    pub devices: Devices,
+    pub getProperties: GetPropertiesV9,
+    pub listen: ListenV8,
+    pub connect: Option<
+        unsafe extern "C" fn(
+            c_int,
+            *mut ncclNetCommConfig_v10_t,
+            *mut c_void,
+            *mut *mut c_void,
+            *mut *mut ncclNetDeviceHandle_v8_t,
+        ) -> R,
+    >,
+    pub accept: AcceptV8,
+    pub regMr: RegMr,
+    pub regMrDmaBuf: RegMrDmaBuf,
+    pub deregMr: DeregMr,
+    pub isend: IsendV10,
+    pub irecv: IrecvV10,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub closeSend: Close,
+    pub closeRecv: Close,
+    pub closeListen: Close,
+    pub getDeviceMr: GetDeviceMr,
+    pub irecvConsumed: IrecvConsumed,
+    pub makeVDevice: MakeVDeviceV9,
+}
+
+/// The v11 function table, exported as `ncclNetPlugin_v11` (NCCL 2.28+).
+#[repr(C)]
+#[derive(Debug)]
+pub struct ncclNet_v11_t {
+    pub name: *const c_char,
+    pub init: InitV11,
+    pub devices: Devices,
+    pub getProperties: Option<unsafe extern "C" fn(c_int, *mut ncclNetProperties_v11_t) -> R>,
+    pub listen: ListenV11,
+    pub connect: ConnectV11,
+    pub accept: AcceptV8,
+    pub regMr: RegMr,
+    pub regMrDmaBuf: RegMrDmaBuf,
+    pub deregMr: DeregMr,
+    pub isend: IsendV10,
+    pub irecv: IrecvV10,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub closeSend: Close,
+    pub closeRecv: Close,
+    pub closeListen: Close,
+    pub getDeviceMr: GetDeviceMr,
+    pub irecvConsumed: IrecvConsumed,
+    pub makeVDevice: MakeVDeviceV9,
+    pub finalize: Finalize,
+    pub setNetAttr: SetNetAttr,
+}
+
+/// The v12 function table, exported as `ncclNetPlugin_v12` (NCCL 2.30+).
+#[repr(C)]
+#[derive(Debug)]
+pub struct ncclNet_v12_t {
+    pub name: *const c_char,
+    pub init: InitV11,
+    pub devices: Devices,
+    pub getProperties: Option<unsafe extern "C" fn(c_int, *mut ncclNetProperties_v12_t) -> R>,
+    pub listen: ListenV11,
+    pub connect: ConnectV11,
+    pub accept: AcceptV8,
+    pub regMr: RegMr,
+    pub regMrDmaBuf: RegMrDmaBuf,
+    pub deregMr: DeregMr,
+    pub isend: IsendV10,
+    pub irecv: IrecvV10,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub closeSend: Close,
+    pub closeRecv: Close,
+    pub closeListen: Close,
+    pub getDeviceMr: GetDeviceMr,
+    pub irecvConsumed: IrecvConsumed,
+    pub makeVDevice: Option<unsafe extern "C" fn(*mut c_int, *mut ncclNetVDeviceProps_v12_t) -> R>,
+    pub finalize: Finalize,
+    pub setNetAttr: SetNetAttr,
+}
+
+// SAFETY: as for ncclNet_v8_t: immutable tables of a 'static name and function pointers.
+unsafe impl Sync for ncclNet_v9_t {}
+// SAFETY: as above.
+unsafe impl Sync for ncclNet_v10_t {}
+// SAFETY: as above.
+unsafe impl Sync for ncclNet_v11_t {}
+// SAFETY: as above.
+unsafe impl Sync for ncclNet_v12_t {}
+
+// LP64 layouts of NCCL's net_v9.h .. net_v12.h (nccl-net-abi.md §1.4-1.6).
+const _: () = {
+    assert!(size_of::<ncclNetVDeviceProps_v9_t>() == 20);
+    assert!(size_of::<ncclNetVDeviceProps_v12_t>() == 36);
+    assert!(size_of::<ncclNetCommConfig_v10_t>() == 4);
+    assert!(size_of::<ncclNetAttr_v11_t>() == 44);
+    assert!(size_of::<ncclNetProperties_v9_t>() == 104);
+    assert!(offset_of!(ncclNetProperties_v9_t, forceFlush) == 32);
+    assert!(offset_of!(ncclNetProperties_v9_t, vProps) == 64);
+    assert!(offset_of!(ncclNetProperties_v9_t, maxP2pBytes) == 88);
+    assert!(size_of::<ncclNetProperties_v11_t>() == 112);
+    assert!(offset_of!(ncclNetProperties_v11_t, maxMultiRequestSize) == 104);
+    assert!(size_of::<ncclNetProperties_v12_t>() == 128);
+    assert!(offset_of!(ncclNetProperties_v12_t, maxP2pBytes) == 104);
+    assert!(offset_of!(ncclNetProperties_v12_t, maxMultiRequestSize) == 120);
+    assert!(offset_of!(ncclNetProperties_v12_t, railId) == 124);
+    assert!(offset_of!(ncclNetProperties_v12_t, planeId) == 126);
+    assert!(size_of::<ncclNet_v9_t>() == 160);
+    assert!(size_of::<ncclNet_v10_t>() == 160);
+    assert!(size_of::<ncclNet_v11_t>() == 176);
+    assert!(size_of::<ncclNet_v12_t>() == 176);
+    assert!(offset_of!(ncclNet_v12_t, makeVDevice) == 152);
+    assert!(offset_of!(ncclNet_v12_t, finalize) == 160);
+    assert!(offset_of!(ncclNet_v12_t, setNetAttr) == 168);
 };

@@ -130,11 +130,21 @@ pub const KNOBS: &[Knob] = &[
     },
 ];
 
+/// Traffic class (RoCE GRH) and service level (InfiniBand) of a connection's QPs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub struct Traffic {
+    /// RoCE traffic class.
+    pub class: u8,
+    /// InfiniBand service level.
+    pub level: u8,
+}
+
 /// Most QPs one connection may use.
 pub const MAX_QPS_PER_CONNECTION: u32 = 16;
 
-/// Most ports one fused device may have (NCCL's limit for ncclNet v8).
-pub const MAX_FUSED_MEMBERS: usize = 4;
+/// Most ports one fused device may have (NCCL's limit for ncclNet v12,
+/// `NCCL_NET_MAX_DEVS_PER_NIC_V12`; v9 to v11 pass at most 4 to `makeVDevice`).
+pub const MAX_FUSED_MEMBERS: usize = 8;
 
 /// `NCCL_IB_PCI_RELAXED_ORDERING`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -173,10 +183,10 @@ pub struct Config {
     pub ib_timeout: u8,
     /// QP retry count.
     pub retry_cnt: u8,
-    /// Service level.
-    pub service_level: u8,
-    /// Traffic class.
-    pub traffic_class: u8,
+    /// `NCCL_IB_SL`, when set.
+    pub service_level: Option<u8>,
+    /// `NCCL_IB_TC`, when set.
+    pub traffic_class: Option<u8>,
     /// QPs per connection.
     pub qps_per_connection: u32,
     /// Split each message over all QPs.
@@ -211,8 +221,8 @@ impl Default for Config {
             roce_version: 2,
             ib_timeout: 20,
             retry_cnt: 7,
-            service_level: 0,
-            traffic_class: 0,
+            service_level: None,
+            traffic_class: None,
             qps_per_connection: 1,
             split_data_on_qps: false,
             flush_enabled: true,
@@ -272,6 +282,17 @@ fn narrow<T: TryFrom<i64>>(v: i64) -> T {
 }
 
 impl Config {
+    /// The traffic class and service level of a connection whose communicator asked for
+    /// `comm_class` (v10's connect config, v11+'s init config): `NCCL_IB_TC` and `NCCL_IB_SL`
+    /// win when set, else the communicator's class serves as both, else 0, as NCCL's transport
+    /// decides (net_ib/connect.cc, `meta.sl`/`meta.tc`).
+    pub fn traffic(&self, comm_class: Option<u8>) -> Traffic {
+        Traffic {
+            class: self.traffic_class.or(comm_class).unwrap_or(0),
+            level: self.service_level.or(comm_class).unwrap_or(0),
+        }
+    }
+
     /// Build the configuration from the variables [`KNOBS`] names, looked up one by one with
     /// `lookup` (the plugin passes the process environment's): nothing else in the environment is read,
     /// so an unrelated variable holding any bytes cannot matter.
@@ -334,8 +355,8 @@ impl Config {
                 "NCCL_IB_ROCE_VERSION_NUM" => c.roce_version = narrow(number(name, value, 1, 2)?),
                 "NCCL_IB_TIMEOUT" => c.ib_timeout = narrow(number(name, value, 1, 31)?),
                 "NCCL_IB_RETRY_CNT" => c.retry_cnt = narrow(number(name, value, 0, 7)?),
-                "NCCL_IB_SL" => c.service_level = optional(name, value, 15)?.map_or(0, narrow),
-                "NCCL_IB_TC" => c.traffic_class = optional(name, value, 255)?.map_or(0, narrow),
+                "NCCL_IB_SL" => c.service_level = optional(name, value, 15)?.map(narrow),
+                "NCCL_IB_TC" => c.traffic_class = optional(name, value, 255)?.map(narrow),
                 "NCCL_IB_QPS_PER_CONNECTION" => {
                     c.qps_per_connection =
                         narrow(number(name, value, 1, MAX_QPS_PER_CONNECTION.into())?);
@@ -451,7 +472,7 @@ mod tests {
         assert_eq!(c.addr_family, AddrFamily::V6);
         assert_eq!(
             (c.ib_timeout, c.service_level, c.traffic_class),
-            (14, 0, 106)
+            (14, None, Some(106))
         );
         assert_eq!(
             (c.qps_per_connection, c.split_data_on_qps, c.flush_enabled),
@@ -480,6 +501,29 @@ mod tests {
         let d = parse(&[]).unwrap();
         assert!(d.merge_nics && !d.merge_vfs && d.dmabuf_enabled && d.fuse.is_empty());
         assert_eq!(d.relaxed_ordering, RelaxedOrdering::Auto);
+    }
+
+    #[test]
+    fn traffic_follows_the_variables_then_the_communicator() {
+        let unset = parse(&[]).unwrap();
+        assert_eq!(unset.traffic(None), Traffic { class: 0, level: 0 });
+        assert_eq!(unset.traffic(Some(5)), Traffic { class: 5, level: 5 });
+        let tc = parse(&[("NCCL_IB_TC", "106")]).unwrap();
+        assert_eq!(
+            tc.traffic(Some(5)),
+            Traffic {
+                class: 106,
+                level: 5
+            }
+        );
+        let both = parse(&[("NCCL_IB_TC", "106"), ("NCCL_IB_SL", "3")]).unwrap();
+        assert_eq!(
+            both.traffic(Some(5)),
+            Traffic {
+                class: 106,
+                level: 3
+            }
+        );
     }
 
     #[test]
@@ -517,7 +561,7 @@ mod tests {
             ("NCCL_IB_PCI_RELAXED_ORDERING", "3"),
             ("NCCL_NET_RS_FUSE", "rxe0"),
             ("NCCL_NET_RS_FUSE", "rxe0+rxe0"),
-            ("NCCL_NET_RS_FUSE", "a+b+c+d+e"),
+            ("NCCL_NET_RS_FUSE", "a+b+c+d+e+f+g+h+i"),
             ("NCCL_NET_RS_FUSE", "rxe0+"),
         ] {
             let e = parse(&[(name, value)]).unwrap_err();

@@ -32,6 +32,42 @@ const CHUNK_ALIGN: u64 = 128;
 /// (one QP per member); smaller ones go whole over one QP, rotating by message.
 pub const STRIPE_MIN_BYTES: u64 = 64 * 1024;
 
+/// Largest message one `isend` may carry and one receive buffer may hold: `maxP2pBytes` and
+/// `maxCollBytes` as the v9+ properties advertise them.
+pub const MAX_MESSAGE_BYTES: u64 = 4 << 30;
+
+/// Largest RDMA write the protocol posts: mlx5 devices report a `max_msg_sz` of 1 GiB, so
+/// longer chunks go as several writes.
+pub const MAX_WRITE_BYTES: u64 = 1 << 30;
+
+/// Writes one buffer's chunk on one QP may take.
+pub const WRITES_PER_CHUNK: usize = (MAX_MESSAGE_BYTES / MAX_WRITE_BYTES) as usize;
+
+/// Most work requests one message posts on one QP: every buffer's writes, the sizes write and
+/// the closing write-with-immediate.
+pub const POSTS_PER_MESSAGE: usize = MAX_RECVS * WRITES_PER_CHUNK + 2;
+
+/// Whether a message's sizes travel in the receiver's sizes ring instead of the immediates: for
+/// grouped receives, and for single buffers whose size may not fit the 32-bit immediate. Both
+/// sides decide from the CTS (`n` and the capacity), so they agree.
+pub fn uses_sizes_ring(n: usize, capacity: u64) -> bool {
+    n > 1 || capacity > u64::from(u32::MAX)
+}
+
+/// Refuse a message or buffer larger than [`MAX_MESSAGE_BYTES`], naming both sizes.
+///
+/// # Errors
+/// `Misuse` (NCCL never passes more than the `maxP2pBytes` it was told).
+pub fn check_message_size(size: u64, what: &str) -> Result<()> {
+    if size > MAX_MESSAGE_BYTES {
+        return Err(Error::misuse(format!(
+            "{what} of {size} bytes is larger than the {MAX_MESSAGE_BYTES} bytes this plugin \
+             advertises as maxP2pBytes"
+        )));
+    }
+    Ok(())
+}
+
 /// How a connection spreads messages over its QPs. QP `i` lives on local member
 /// `i % local_members` and is connected to the peer's member `i % remote_members`, so `rails()`
 /// consecutive QPs cover every member on both sides.
@@ -138,14 +174,16 @@ pub struct CtsPost {
 pub struct RecvDone {
     /// Buffers in the request.
     pub n: usize,
-    /// Sum of the immediates: the received size when `n == 1`; for grouped receives the sizes
-    /// are in the sizes ring.
+    /// The sizes are in the sizes ring ([`uses_sizes_ring`]); otherwise `imm_sum` is the size.
+    pub ringed: bool,
+    /// Sum of the immediates: the received size of a single buffer not `ringed`.
     pub imm_sum: u64,
 }
 
 #[derive(Copy, Clone, Debug)]
 struct RecvSlot {
     n: usize,
+    ringed: bool,
     pending: usize,
     imm_sum: u64,
 }
@@ -180,13 +218,17 @@ impl RecvSide {
     /// receive WQE on each QP of `layout().qps_for(seq)`, where `seq` is the returned sequence.
     ///
     /// # Errors
-    /// `Misuse` when `bufs` is empty or longer than [`MAX_RECVS`].
+    /// `Misuse` when `bufs` is empty or longer than [`MAX_RECVS`], or a buffer is larger than
+    /// [`MAX_MESSAGE_BYTES`].
     pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<(u64, CtsPost)>> {
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
             return Err(Error::misuse(format!(
                 "irecv with n={} (must be 1..={MAX_RECVS})",
                 bufs.len()
             )));
+        }
+        for b in bufs {
+            check_message_size(b.size, "a receive buffer")?;
         }
         let seq = self.next_seq;
         let slot = slot_of(seq);
@@ -200,6 +242,7 @@ impl RecvSide {
         }
         self.slots[slot] = Some(RecvSlot {
             n: bufs.len(),
+            ringed: uses_sizes_ring(bufs.len(), capacity),
             pending: qps.len(),
             imm_sum: 0,
         });
@@ -250,6 +293,7 @@ impl RecvSide {
         let s = self.slots.get(slot)?.as_ref()?;
         (s.pending == 0).then_some(RecvDone {
             n: s.n,
+            ringed: s.ringed,
             imm_sum: s.imm_sum,
         })
     }
@@ -320,19 +364,35 @@ impl RdmaWrite {
     }
 }
 
+impl RdmaWrite {
+    /// This write as writes of at most [`MAX_WRITE_BYTES`] (one, possibly empty, when short).
+    fn pieces(self) -> impl Iterator<Item = Self> {
+        let count = self.len.div_ceil(MAX_WRITE_BYTES).max(1);
+        (0..count).map(move |k| {
+            let offset = k * MAX_WRITE_BYTES;
+            Self {
+                local_addr: self.local_addr + offset,
+                remote_addr: self.remote_addr + offset,
+                len: (self.len - offset).min(MAX_WRITE_BYTES),
+                ..self
+            }
+        })
+    }
+}
+
 /// A verbs operation the sender's glue must post, in order, per QP.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Post {
     /// Unsignaled RDMA write of payload bytes.
     Write(RdmaWrite),
-    /// Unsignaled RDMA write of the grouped sizes into the receiver's sizes ring slot.
+    /// Unsignaled RDMA write of the message's sizes into the receiver's sizes ring slot.
     Sizes {
         /// QP index.
         qp: usize,
         /// Ring slot.
         slot: usize,
         /// Sizes of the `n` buffers (rest zero).
-        sizes: [u32; MAX_RECVS],
+        sizes: [u64; MAX_RECVS],
     },
     /// Signaled RDMA write-with-immediate that completes the message on this QP.
     WriteImm {
@@ -441,7 +501,15 @@ impl SendSide {
     /// equal tags fill in posting order). `Ok(None)`: the CTS has not arrived yet, or no
     /// unmatched entry of that message carries this tag; NCCL retries later, as with its own
     /// transport (`ncclIbIsend` returns a NULL request after the tag loop, net_ib/p2p.cc).
-    pub fn isend(&mut self, buf: SendBuf) -> Option<Accepted> {
+    ///
+    /// # Errors
+    /// `Misuse` when `buf` is larger than [`MAX_MESSAGE_BYTES`].
+    pub fn isend(&mut self, buf: SendBuf) -> Result<Option<Accepted>> {
+        check_message_size(buf.size, "a send")?;
+        Ok(self.match_send(buf))
+    }
+
+    fn match_send(&mut self, buf: SendBuf) -> Option<Accepted> {
         let seq = self.next_seq;
         let slot_index = slot_of(seq);
         let slot = self.slots[slot_index]
@@ -478,33 +546,40 @@ impl SendSide {
         let used = qps.len();
         let n = slot.cts.len();
         let bufs: Vec<SendBuf> = slot.matched.iter().flatten().copied().collect();
+        let ringed = uses_sizes_ring(n, capacity);
         let mut posts = Vec::new();
         for (pos, qp) in qps.enumerate() {
-            if n == 1 {
-                // The payload write itself carries the immediate: the bytes this QP delivered.
+            if !ringed {
+                // The payload's last write carries the immediate: the bytes this QP delivered
+                // (they fit: the capacity does).
                 let write = RdmaWrite::chunk(&layout, qp, &slot.cts[0], &bufs[0], pos, used);
                 let imm = u32::try_from(write.len).unwrap_or(u32::MAX);
-                posts.push(Post::WriteImm {
-                    write,
-                    imm,
-                    slot: slot_index,
-                });
+                let mut pieces = write.pieces().peekable();
+                while let Some(piece) = pieces.next() {
+                    posts.push(if pieces.peek().is_some() {
+                        Post::Write(piece)
+                    } else {
+                        Post::WriteImm {
+                            write: piece,
+                            imm,
+                            slot: slot_index,
+                        }
+                    });
+                }
                 continue;
             }
-            let mut sizes = [0u32; MAX_RECVS];
+            let mut sizes = [0u64; MAX_RECVS];
             for (i, (cts, buf)) in slot.cts.iter().zip(&bufs).enumerate() {
-                sizes[i] = u32::try_from(buf.size).unwrap_or(u32::MAX);
+                sizes[i] = buf.size;
                 let write = RdmaWrite::chunk(&layout, qp, cts, buf, pos, used);
-                if write.len > 0 {
-                    posts.push(Post::Write(write));
-                }
+                posts.extend(write.pieces().filter(|w| w.len > 0).map(Post::Write));
             }
             posts.push(Post::Sizes {
                 qp,
                 slot: slot_index,
                 sizes,
             });
-            // A zero-length write-with-immediate closes the group on this QP.
+            // A zero-length write-with-immediate closes the message on this QP.
             let write = RdmaWrite {
                 len: 0,
                 ..RdmaWrite::chunk(&layout, qp, &slot.cts[0], &bufs[0], 0, 1)

@@ -23,7 +23,7 @@ struct Pair {
     send: SendSide,
     recv: RecvSide,
     ring: Vec<Option<Cts>>,
-    sizes_ring: Vec<[u32; MAX_RECVS]>,
+    sizes_ring: Vec<[u64; MAX_RECVS]>,
     sender_mem: Vec<u8>,
     recv_mem: Vec<u8>,
     wire: Vec<VecDeque<Post>>,
@@ -93,7 +93,7 @@ impl Pair {
                 .collect();
             self.send.handle_cts(entries)?;
         }
-        let accepted = self.send.isend(buf);
+        let accepted = self.send.isend(buf)?;
         if let Some(a) = &accepted {
             for p in &a.posts {
                 self.wire[p.qp()].push_back(*p);
@@ -148,13 +148,10 @@ impl Pair {
     /// Received sizes of the request in `slot`, as `test` reports them.
     fn received(&self, slot: usize) -> Option<Vec<u64>> {
         let done = self.recv.poll_done(slot)?;
-        Some(if done.n == 1 {
+        Some(if !done.ringed {
             vec![done.imm_sum]
         } else {
-            self.sizes_ring[slot][..done.n]
-                .iter()
-                .map(|&s| u64::from(s))
-                .collect()
+            self.sizes_ring[slot][..done.n].to_vec()
         })
     }
 }
@@ -489,4 +486,72 @@ fn fused_transfers_use_every_member_with_its_own_keys() {
             );
         }
     }
+}
+
+/// Posts of a send of `size` bytes into a single receive of `capacity`, on one QP.
+fn posts_for(capacity: u64, size: u64) -> (Vec<Post>, RecvSide) {
+    let mut p = Pair::new(1, false);
+    p.irecv(&[rbuf(0, capacity, 0)]).unwrap();
+    let a = p.isend(sbuf(0, size, 0)).unwrap().unwrap();
+    (a.posts, p.recv)
+}
+
+#[test]
+fn a_message_just_over_2_gib_goes_as_1_gib_writes_with_the_size_in_the_immediate() {
+    let size = (1 << 31) + 1;
+    let (posts, _) = posts_for(size, size);
+    let lens: Vec<u64> = posts
+        .iter()
+        .map(|p| match p {
+            Post::Write(w) | Post::WriteImm { write: w, .. } => w.len,
+            Post::Sizes { .. } => panic!("a capacity below 4 GiB needs no sizes ring"),
+        })
+        .collect();
+    assert_eq!(lens, [1 << 30, 1 << 30, 1]);
+    let Post::WriteImm { write, imm, .. } = posts[2] else {
+        panic!("the last write carries the immediate: {posts:?}");
+    };
+    assert_eq!(u64::from(imm), size, "the immediate is the whole size");
+    assert_eq!(write.remote_addr, 1 << 31, "pieces are contiguous");
+}
+
+#[test]
+fn a_receive_of_4_gib_learns_its_size_from_the_sizes_ring() {
+    let size = (3 << 30) + 5;
+    let (posts, mut recv) = posts_for(MAX_MESSAGE_BYTES, size);
+    let writes: Vec<&RdmaWrite> = posts
+        .iter()
+        .filter_map(|p| match p {
+            Post::Write(w) => Some(w),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(writes.len(), 4);
+    assert_eq!(writes.iter().map(|w| w.len).sum::<u64>(), size);
+    assert!(writes.iter().all(|w| w.len <= MAX_WRITE_BYTES));
+    assert!(matches!(posts[4], Post::Sizes { sizes, .. } if sizes[0] == size));
+    assert!(matches!(posts[5], Post::WriteImm { imm: 0, .. }));
+    recv.handle_completion(0, 0).unwrap();
+    let done = recv.poll_done(0).unwrap();
+    assert!(done.ringed, "the receiver reads this size from the ring");
+}
+
+#[test]
+fn messages_beyond_the_advertised_maximum_are_refused_naming_both_sizes() {
+    let mut p = Pair::new(1, false);
+    let e = p
+        .recv
+        .irecv(&[rbuf(0, MAX_MESSAGE_BYTES + 1, 0)])
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(&format!("{} bytes", MAX_MESSAGE_BYTES + 1))
+            && e.to_string()
+                .contains(&format!("{MAX_MESSAGE_BYTES} bytes")),
+        "{e}"
+    );
+    p.irecv(&[rbuf(0, 64, 0)]).unwrap();
+    let e = p.isend(sbuf(0, MAX_MESSAGE_BYTES + 1, 0)).unwrap_err();
+    assert_eq!(e.kind(), Kind::Misuse);
+    assert!(e.to_string().contains("maxP2pBytes"), "{e}");
 }

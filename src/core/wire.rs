@@ -573,7 +573,7 @@ mod tests {
         let c = Cts {
             addr: 0x1000,
             size: 4096,
-            rkeys: [9, 10, 11, 0xffff_ffff],
+            rkeys: [9, 10, 11, 12, 13, 14, 15, 0xffff_ffff],
             tag: -3,
             nreqs: 8,
             seq_plus_one: 42,

@@ -185,6 +185,69 @@ fn placement(members: &[&NetDevice]) -> String {
     out
 }
 
+/// The positions of the ports an explicit group names.
+fn find_named(wanted: &[String], devices: &[NetDevice]) -> Result<Vec<usize>, String> {
+    wanted
+        .iter()
+        .map(|name| {
+            devices
+                .iter()
+                .position(|d| &d.name == name)
+                .ok_or_else(|| format!("{name} is not an active port selected by NCCL_IB_HCA"))
+        })
+        .collect()
+}
+
+/// `"fused a+b (N Mbps): <reason>"`.
+fn fused_line(device: &VirtualDevice, reason: &str) -> String {
+    format!(
+        "fused {} ({} Mbps): {reason}",
+        device.name(),
+        device.speed_mbps()
+    )
+}
+
+/// Fuse exactly `members` (NCCL's `makeVDevice`, ncclNet v9+): the same rules as automatic and
+/// explicit fusion; `Err` carries the reason they refuse.
+pub fn fuse_listed(members: &[&NetDevice], policy: &FusionPolicy) -> Result<VirtualDevice, String> {
+    if let Some(why) = refusal(members, policy) {
+        return Err(why);
+    }
+    Ok(VirtualDevice {
+        members: members.iter().map(|&m| m.clone()).collect(),
+    })
+}
+
+/// The devices of ncclNet v9 and later, where NCCL fuses ports itself through `makeVDevice`:
+/// every port alone, in index order, then one device per `NCCL_NET_RS_FUSE` group.
+pub fn physical_then_explicit(devices: Vec<NetDevice>, policy: &FusionPolicy) -> Fusion {
+    let mut decisions = Vec::new();
+    let mut fused = Vec::new();
+    for wanted in &policy.explicit {
+        let label = wanted.join("+");
+        let made = find_named(wanted, &devices).and_then(|found| {
+            let refs: Vec<&NetDevice> = found.iter().map(|&i| &devices[i]).collect();
+            fuse_listed(&refs, policy)
+        });
+        match made {
+            Ok(device) => {
+                decisions.push(fused_line(&device, "listed in NCCL_NET_RS_FUSE"));
+                fused.push(device);
+            }
+            Err(why) => decisions.push(format!("fusion {label} refused: {why}")),
+        }
+    }
+    let mut all: Vec<VirtualDevice> = devices
+        .into_iter()
+        .map(|d| VirtualDevice { members: vec![d] })
+        .collect();
+    all.extend(fused);
+    Fusion {
+        devices: all,
+        decisions,
+    }
+}
+
 /// Group `devices` (already in NCCL index order) into virtual devices.
 pub fn fuse(devices: Vec<NetDevice>, policy: &FusionPolicy) -> Fusion {
     let mut decisions = Vec::new();
@@ -194,21 +257,12 @@ pub fn fuse(devices: Vec<NetDevice>, policy: &FusionPolicy) -> Fusion {
 
     for wanted in &policy.explicit {
         let label = wanted.join("+");
-        let found: Result<Vec<usize>, String> = wanted
-            .iter()
-            .map(|name| {
-                let i = devices
-                    .iter()
-                    .position(|d| &d.name == name)
-                    .ok_or_else(|| {
-                        format!("{name} is not an active port selected by NCCL_IB_HCA")
-                    })?;
-                match group_of[i] {
-                    Some(_) => Err(format!("{name} is already fused")),
-                    None => Ok(i),
-                }
-            })
-            .collect();
+        let found = find_named(wanted, &devices).and_then(|found| {
+            match found.iter().find(|&&i| group_of[i].is_some()) {
+                Some(&i) => Err(format!("{} is already fused", devices[i].name)),
+                None => Ok(found),
+            }
+        });
         let members = match found {
             Ok(m) => m,
             Err(why) => {
@@ -289,11 +343,7 @@ pub fn fuse(devices: Vec<NetDevice>, policy: &FusionPolicy) -> Fusion {
         let members: Vec<NetDevice> = members.iter().filter_map(|&i| slots[i].take()).collect();
         let device = VirtualDevice { members };
         fusion.decisions.push(if device.members.len() > 1 {
-            format!(
-                "fused {} ({} Mbps): {reason}",
-                device.name(),
-                device.speed_mbps()
-            )
+            fused_line(&device, &reason)
         } else {
             format!("{} {reason}", device.name())
         });

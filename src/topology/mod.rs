@@ -15,7 +15,7 @@ mod pci;
 mod select;
 mod sysfs;
 
-pub use fusion::{Fusion, FusionPolicy, VirtualDevice, fuse};
+pub use fusion::{Fusion, FusionPolicy, VirtualDevice, fuse, fuse_listed, physical_then_explicit};
 pub use gdr::{
     DmaBuf, MemorySupport, PeerMem, RelaxedOrderingInputs, detect_hypervisor, gdr_verdict,
     relaxed_ordering,

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use super::watch::Watched;
 use super::{DeviceContext, PortContext};
-use crate::core::config::Config;
+use crate::core::config::{Config, Traffic};
 use crate::core::error::{Error, Kind, Result};
-use crate::core::proto::SLOTS;
+use crate::core::proto::{POSTS_PER_MESSAGE, SLOTS};
 use crate::core::wire::{Cts, Endpoint, Hello, MAX_RECVS, Role};
 use crate::verbs::{
     Access, Completion, CompletionQueue, HostRegion, PathParams, QpCaps, QueuePair, RemoteEndpoint,
@@ -17,14 +17,14 @@ use crate::verbs::{
 
 /// Bytes of the sender's CTS ring: one slot of `MAX_RECVS` entries per message slot.
 pub(super) const CTS_RING_BYTES: usize = SLOTS * MAX_RECVS * Cts::LEN;
-/// Bytes of one slot of the receiver's sizes ring (`MAX_RECVS` u32 sizes).
-pub(super) const SIZES_SLOT_BYTES: usize = MAX_RECVS * 4;
+/// Bytes of one slot of the receiver's sizes ring (`MAX_RECVS` u64 sizes).
+pub(super) const SIZES_SLOT_BYTES: usize = MAX_RECVS * 8;
 /// Bytes of the sizes ring.
 pub(super) const SIZES_RING_BYTES: usize = SLOTS * SIZES_SLOT_BYTES;
 
-/// Sender QPs: per message up to `MAX_RECVS` writes, a sizes write and the closing write.
+/// Sender QPs: per message up to `POSTS_PER_MESSAGE` work requests on each QP.
 pub(super) const SEND_QP_CAPS: QpCaps = QpCaps {
-    max_send_wr: (SLOTS * (MAX_RECVS + 2)) as u32,
+    max_send_wr: (SLOTS * POSTS_PER_MESSAGE) as u32,
     max_recv_wr: 1,
 };
 /// Receiver QPs: one receive per message in flight, CTS writes signaled every `CTS_SIGNAL_EVERY`.
@@ -116,6 +116,21 @@ impl QpSet {
         Ok(())
     }
 
+    /// `"traffic class 106, service level 3; the QP reports traffic class 106"`: what the
+    /// connection asked for and what the device reports for the first QP's path (RoCE carries
+    /// no service level, so it is not read back), for the connection's debug line.
+    pub(super) fn describe_qos(&self, traffic: Traffic) -> String {
+        let reported = match self.qps.first().map(QueuePair::qos) {
+            Some(Ok((class, _))) => format!("traffic class {class}"),
+            Some(Err(e)) => format!("nothing ({e})"),
+            None => "nothing (no QPs)".to_owned(),
+        };
+        format!(
+            "traffic class {}, service level {}; the QP reports {reported}",
+            traffic.class, traffic.level
+        )
+    }
+
     /// QP index of the QP numbered `qpn` on `member` (QP numbers are unique per device only,
     /// so two members may both have a QP 0x11).
     pub(super) fn index_of(&self, member: usize, qpn: u32) -> Option<usize> {
@@ -130,13 +145,12 @@ impl QpSet {
         &self,
         ctx: &DeviceContext,
         remote: &Hello,
-        traffic_class: u8,
-        service_level: u8,
+        traffic: Traffic,
     ) -> Result<()> {
         for (i, (qp, &qpn)) in self.qps.iter().zip(&remote.qpns).enumerate() {
             let port = &ctx.ports[i % ctx.ports.len()];
             let peer = &remote.members[i % remote.members.len()];
-            let path = path_params(port, &ctx.config, peer, traffic_class, service_level);
+            let path = path_params(port, &ctx.config, peer, traffic);
             qp.to_rtr(
                 &RemoteEndpoint {
                     qpn,
@@ -183,6 +197,7 @@ pub(super) fn local_hello(
     nonces: Nonces,
     ring: &HostRegion,
     split: bool,
+    traffic: Traffic,
 ) -> Hello {
     Hello {
         role,
@@ -196,8 +211,8 @@ pub(super) fn local_hello(
             .map(|(m, port)| port.endpoint(ring.mr(m).rkey()))
             .collect(),
         ring_addr: ring.addr(0),
-        traffic_class: ctx.config.traffic_class,
-        service_level: ctx.config.service_level,
+        traffic_class: traffic.class,
+        service_level: traffic.level,
         split_data: split,
     }
 }
@@ -342,16 +357,15 @@ pub(super) fn path_params(
     port: &PortContext,
     config: &Config,
     peer: &Endpoint,
-    traffic_class: u8,
-    service_level: u8,
+    traffic: Traffic,
 ) -> PathParams {
     PathParams {
         port: port.port_num(),
         mtu: port.mtu.min(peer.mtu),
         global: port.link_layer == LINK_LAYER_ETHERNET,
         sgid_index: u8::try_from(port.gid.index).unwrap_or(0),
-        traffic_class,
-        service_level,
+        traffic_class: traffic.class,
+        service_level: traffic.level,
         timeout: config.ib_timeout,
         retry_cnt: config.retry_cnt,
     }

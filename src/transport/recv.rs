@@ -14,9 +14,9 @@ use super::conn::{
 use super::mr::MrHandle;
 use super::watch::Watched;
 use super::{DeviceContext, PortContext};
-use crate::core::config::Config;
+use crate::core::config::{Config, Traffic};
 use crate::core::error::{Error, Result};
-use crate::core::proto::{Layout, RecvBuf, RecvSide, SLOTS};
+use crate::core::proto::{Layout, RecvBuf, RecvSide, SLOTS, check_message_size};
 use crate::core::wire::{Cts, Hello, MAX_RECVS, Role};
 use crate::verbs::{
     Access, Completion, CompletionQueue, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair,
@@ -42,7 +42,7 @@ impl FlushQp {
             Access::LOCAL_WRITE.with(Access::REMOTE_READ),
         )?;
         let own = port.endpoint(0);
-        let path = path_params(port, config, &own, 0, 0);
+        let path = path_params(port, config, &own, Traffic::default());
         qp.to_rtr(
             &RemoteEndpoint {
                 qpn: qp.qpn(),
@@ -130,7 +130,11 @@ impl RecvComm {
             flush_wrs,
         )?;
         // The sender chose traffic class and service level; use the same for the CTS direction.
-        qps.connect(ctx, remote, remote.traffic_class, remote.service_level)?;
+        let traffic = Traffic {
+            class: remote.traffic_class,
+            level: remote.service_level,
+        };
+        qps.connect(ctx, remote, traffic)?;
         let pds = ctx.pds();
         let sizes_ring = HostRegion::new(
             &pds,
@@ -158,6 +162,7 @@ impl RecvComm {
             nonces,
             &sizes_ring,
             remote.split_data,
+            traffic,
         );
         let layout = Layout {
             nqps: qps.qps.len(),
@@ -168,8 +173,9 @@ impl RecvComm {
         let local = describe_local(ctx);
         let remote_desc = describe_remote(remote, peer);
         tracing::debug!(
-            "recv comm accepted: {remote_desc} -> {local}, {} QPs",
-            layout.nqps
+            "recv comm accepted: {remote_desc} -> {local}, {} QPs, {}",
+            layout.nqps,
+            qps.describe_qos(traffic)
         );
         let comm = Self {
             ctx: Arc::clone(ctx),
@@ -207,6 +213,7 @@ impl RecvComm {
     /// A failed comm's error; `Misuse` for a bad group or a buffer outside its registration.
     pub unsafe fn irecv(&self, targets: &[RecvTarget<'_>]) -> Result<Option<usize>> {
         for t in targets {
+            check_message_size(t.size, "a receive buffer")?;
             t.mr.check(t.addr, t.size)?;
         }
         let bufs: Vec<RecvBuf> = targets
@@ -341,14 +348,14 @@ impl RecvComm {
         let Some(done) = st.proto.poll_done(index) else {
             return Ok(None);
         };
-        let sizes = if done.n == 1 {
-            vec![done.imm_sum]
-        } else {
+        let sizes = if done.ringed {
             let raw: [u8; SIZES_SLOT_BYTES] = self.sizes_ring.read(index * SIZES_SLOT_BYTES);
-            raw.chunks_exact(4)
+            raw.chunks_exact(8)
                 .take(done.n)
-                .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
                 .collect()
+        } else {
+            vec![done.imm_sum]
         };
         st.proto.release(index);
         Ok(Some(sizes))

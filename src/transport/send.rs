@@ -16,16 +16,19 @@ use super::conn::{
 use super::mr::MrHandle;
 use super::watch::Watched;
 use super::wire_io::HandshakeStream;
+use crate::core::config::Traffic;
 use crate::core::error::{Error, Kind, Result};
-use crate::core::proto::{Layout, Post, RdmaWrite, SLOTS, SendBuf, SendSide};
+use crate::core::proto::{
+    Layout, POSTS_PER_MESSAGE, Post, RdmaWrite, SLOTS, SendBuf, SendSide, check_message_size,
+};
 use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS, Role};
 use crate::verbs::{Access, Completion, HostRegion, Op, WorkRequest};
 
 /// Requests a send comm can have in flight: every entry of every slot.
 pub const SEND_REQUESTS: usize = SLOTS * MAX_RECVS;
 
-/// Work requests per posted chain (a grouped message per QP needs at most MAX_RECVS + 2).
-const CHAIN: usize = MAX_RECVS + 2;
+/// Work requests per posted chain: one message's posts on one QP.
+const CHAIN: usize = POSTS_PER_MESSAGE;
 
 /// How long one attempt to open the TCP connection may block an NCCL call.
 const DIAL_ATTEMPT: Duration = Duration::from_millis(100);
@@ -57,17 +60,22 @@ enum Stage {
 pub struct Connecting {
     ctx: Arc<DeviceContext>,
     handle: ListenHandle,
+    /// What the QPs of this connection use (the receiver adopts it from the hello).
+    traffic: Traffic,
     deadline: Instant,
     stage: Option<Stage>,
 }
 
 impl Connecting {
-    /// Start connecting to the listener described by `handle`.
-    pub fn new(ctx: Arc<DeviceContext>, handle: ListenHandle) -> Self {
+    /// Start connecting to the listener described by `handle`, for a communicator that asked
+    /// for traffic class `comm_class` (see [`crate::core::config::Config::traffic`]).
+    pub fn new(ctx: Arc<DeviceContext>, handle: ListenHandle, comm_class: Option<u8>) -> Self {
         let deadline = Instant::now() + ctx.config.connect_timeout;
+        let traffic = ctx.config.traffic(comm_class);
         Self {
             ctx,
             handle,
+            traffic,
             deadline,
             stage: Some(Stage::Dial),
         }
@@ -174,6 +182,7 @@ impl Connecting {
             nonces,
             &cts_ring,
             self.ctx.config.split_data_on_qps,
+            self.traffic,
         );
         Ok(Pending {
             qps,
@@ -185,12 +194,7 @@ impl Connecting {
     fn finish(&self, pending: Pending, remote: &Hello, peer: SocketAddr) -> Result<SendComm> {
         check_peer(&self.ctx, remote, peer)?;
         let config = &self.ctx.config;
-        pending.qps.connect(
-            &self.ctx,
-            remote,
-            config.traffic_class,
-            config.service_level,
-        )?;
+        pending.qps.connect(&self.ctx, remote, self.traffic)?;
         let sizes_staging = HostRegion::new(
             &self.ctx.pds(),
             SLOTS * SIZES_SLOT_BYTES,
@@ -205,8 +209,9 @@ impl Connecting {
         let local = describe_local(&self.ctx);
         let remote_desc = describe_remote(remote, peer);
         tracing::debug!(
-            "send comm connected: {local} -> {remote_desc}, {} QPs",
-            layout.nqps
+            "send comm connected: {local} -> {remote_desc}, {} QPs, {}",
+            layout.nqps,
+            pending.qps.describe_qos(self.traffic)
         );
         Ok(SendComm {
             ctx: Arc::clone(&self.ctx),
@@ -275,6 +280,7 @@ impl SendComm {
         tag: i32,
         mr: &MrHandle,
     ) -> Result<Option<usize>> {
+        check_message_size(size, "a send")?;
         mr.check(addr, size)?;
         let mut st = self.state.lock();
         st.failed.check()?;
@@ -293,7 +299,8 @@ impl SendComm {
             size,
             lkeys: mr.lkeys(),
             tag,
-        }) else {
+        })?
+        else {
             return Ok(None);
         };
         if let Some((asked, sent)) = accepted.truncated {
@@ -406,7 +413,7 @@ impl SendComm {
             }
             Post::Sizes { qp, slot, sizes } => {
                 let mut bytes = [0u8; SIZES_SLOT_BYTES];
-                for (chunk, size) in bytes.chunks_exact_mut(4).zip(sizes) {
+                for (chunk, size) in bytes.chunks_exact_mut(8).zip(sizes) {
                     chunk.copy_from_slice(&size.to_le_bytes());
                 }
                 let offset = slot * SIZES_SLOT_BYTES;

@@ -18,8 +18,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
@@ -30,6 +31,9 @@ use crate::verbs::{AsyncEvent, Device, Epoll};
 
 /// The byte an orderly close writes before closing the connection.
 const GOODBYE: u8 = 0x42;
+
+/// How long after a peer's orderly close its pending requests still may complete.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
 
 const ALIVE: u8 = 0;
 const CLOSED: u8 = 1;
@@ -52,6 +56,8 @@ pub(super) struct PeerLink {
     stream: TcpStream,
     peer: SocketAddr,
     state: AtomicU8,
+    /// When the goodbye arrived.
+    closed_at: OnceLock<Instant>,
 }
 
 impl PeerLink {
@@ -65,10 +71,20 @@ impl PeerLink {
     }
 
     /// `Err` once the peer is gone: `what` names what the peer closed (its send or receive comm)
-    /// for an orderly close.
+    /// for an orderly close. An orderly close fails pending requests only [`CLOSE_GRACE`] after
+    /// the goodbye: completions the peer's last transfers owe us (an acknowledgement on the
+    /// wire) may still be on their way.
     pub(super) fn check(&self, what: &str) -> Result<()> {
         match self.state() {
             PeerState::Alive => Ok(()),
+            PeerState::Closed
+                if self
+                    .closed_at
+                    .get()
+                    .is_none_or(|at| at.elapsed() < CLOSE_GRACE) =>
+            {
+                Ok(())
+            }
             PeerState::Closed => Err(Error::new(
                 Kind::Remote,
                 format!(
@@ -96,6 +112,7 @@ impl PeerLink {
                 Ok(0) => return self.ended(),
                 Ok(n) => {
                     if buf[..n].contains(&GOODBYE) {
+                        let _ = self.closed_at.set(Instant::now());
                         self.state.store(CLOSED, Ordering::Release);
                     }
                 }
@@ -137,6 +154,7 @@ impl Watched {
             stream,
             peer,
             state: AtomicU8::new(ALIVE),
+            closed_at: OnceLock::new(),
         });
         let fd = link.stream.as_raw_fd();
         let key = Watcher::get()?.register(fd, Target::Link(Arc::clone(&link)))?;
@@ -330,7 +348,7 @@ impl Watcher {
         loop {
             if let Err(e) = self.epoll.wait(&mut keys, 1000) {
                 tracing::warn!("NET/{PLUGIN_NAME}: watcher: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
             for &key in &keys {

@@ -177,6 +177,28 @@ impl QueuePair {
         self.qpn
     }
 
+    /// The traffic class and service level of the QP's path, as the device reports them
+    /// (`ibv_query_qp` of the address vector).
+    ///
+    /// # Errors
+    /// `System` when the query fails.
+    pub fn qos(&self) -> Result<(u8, u8)> {
+        let mut attr = Self::zeroed_attr();
+        // SAFETY: all-zero is a valid ibv_qp_init_attr (plain C data).
+        let mut init: sys::ibv_qp_init_attr = unsafe { MaybeUninit::zeroed().assume_init() };
+        // IBV_QP_AV
+        let mask = 128;
+        // SAFETY: live QP and writable attribute structs.
+        let rc = unsafe { sys::ibv_query_qp(self.raw.as_ptr(), &mut attr, mask, &mut init) };
+        if rc != 0 {
+            return Err(Error::system(
+                format!("ibv_query_qp of QP {:#x}", self.qpn),
+                io::Error::from_raw_os_error(rc),
+            ));
+        }
+        Ok((attr.ah_attr.grh.traffic_class, attr.ah_attr.sl))
+    }
+
     fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32, what: &str) -> Result<()> {
         let mask = i32::try_from(mask).unwrap_or(0);
         // SAFETY: live QP; `attr` is a valid attribute struct for the fields in `mask`.

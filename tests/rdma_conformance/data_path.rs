@@ -49,7 +49,7 @@ fn in_flight_32(cx: &mut Cx) {
                 let p = base.wrapping_add(i * LEN);
                 let r = cx
                     .net
-                    .irecv_step(rc, &[(p, LEN as i32, 0, mh)], std::ptr::null_mut())
+                    .irecv_step(rc, &[(p, LEN, 0, mh)], std::ptr::null_mut())
                     .unwrap();
                 assert!(!r.is_null(), "receive {i} of {N} must start at once");
                 r
@@ -57,7 +57,7 @@ fn in_flight_32(cx: &mut Cx) {
             .collect();
         let extra = cx
             .net
-            .irecv_step(rc, &[(base, LEN as i32, 0, mh)], std::ptr::null_mut())
+            .irecv_step(rc, &[(base, LEN, 0, mh)], std::ptr::null_mut())
             .unwrap();
         assert!(
             extra.is_null(),
@@ -79,10 +79,7 @@ fn in_flight_32(cx: &mut Cx) {
         let mh = cx.net.reg_mr(sc, &mut buf);
         let base = buf.as_mut_ptr();
         let reqs: Vec<*mut c_void> = (0..N)
-            .map(|i| {
-                cx.net
-                    .isend(sc, base.wrapping_add(i * LEN), LEN as i32, 0, mh)
-            })
+            .map(|i| cx.net.isend(sc, base.wrapping_add(i * LEN), LEN, 0, mh))
             .collect();
         for r in reqs {
             assert_eq!(cx.net.wait(r)[0], LEN as i32);
@@ -102,7 +99,7 @@ fn grouped_receive_of_8_matches_tags(cx: &mut Cx) {
         let mh = cx.net.reg_mr(rc, &mut buf);
         let base = buf.as_mut_ptr();
         let bufs: Vec<_> = (0..8)
-            .map(|t| (base.wrapping_add(t * CAP), CAP as i32, t as i32, mh))
+            .map(|t| (base.wrapping_add(t * CAP), CAP, t as i32, mh))
             .collect();
         let sizes = cx.net.wait(cx.net.irecv(rc, &bufs));
         for t in 0..8 {
@@ -131,10 +128,7 @@ fn grouped_receive_of_8_matches_tags(cx: &mut Cx) {
             .iter()
             .zip(bufs.iter_mut())
             .zip(&mhs)
-            .map(|((&t, b), &mh)| {
-                cx.net
-                    .isend(sc, b.as_mut_ptr(), b.len() as i32, t as i32, mh)
-            })
+            .map(|((&t, b), &mh)| cx.net.isend(sc, b.as_mut_ptr(), b.len(), t as i32, mh))
             .collect();
         for (r, &t) in reqs.iter().zip(&order) {
             assert_eq!(cx.net.wait(*r)[0], size_of_tag(t) as i32);
@@ -418,9 +412,9 @@ fn sends_retried_round_robin_find_their_receive(cx: &mut Cx) {
         let base = buf.as_mut_ptr();
         let single = cx
             .net
-            .irecv(rc, &[(base.wrapping_add(8 * CAP), CAP as i32, 8, mh)]);
+            .irecv(rc, &[(base.wrapping_add(8 * CAP), CAP, 8, mh)]);
         let group: Vec<_> = (0..8)
-            .map(|t| (base.wrapping_add(t * CAP), CAP as i32, t as i32, mh))
+            .map(|t| (base.wrapping_add(t * CAP), CAP, t as i32, mh))
             .collect();
         let grouped = cx.net.irecv(rc, &group);
         assert_eq!(cx.net.wait(single)[0], size_of_tag(8) as i32);
@@ -454,7 +448,7 @@ fn sends_retried_round_robin_find_their_receive(cx: &mut Cx) {
             let b = &mut bufs[t];
             let req = cx
                 .net
-                .isend_step(sc, b.as_mut_ptr(), b.len() as i32, t as i32, mhs[t])
+                .isend_step(sc, b.as_mut_ptr(), b.len(), t as i32, mhs[t])
                 .unwrap();
             if req.is_null() {
                 nulls += 1;
@@ -491,7 +485,7 @@ fn equal_tags_fill_a_group_in_posting_order(cx: &mut Cx) {
         let mh = cx.net.reg_mr(rc, &mut buf);
         let base = buf.as_mut_ptr();
         let group: Vec<_> = (0..4)
-            .map(|i| (base.wrapping_add(i * CAP), CAP as i32, 5, mh))
+            .map(|i| (base.wrapping_add(i * CAP), CAP, 5, mh))
             .collect();
         let sizes = cx.net.wait(cx.net.irecv(rc, &group));
         for i in 0..4 {
@@ -507,7 +501,7 @@ fn equal_tags_fill_a_group_in_posting_order(cx: &mut Cx) {
         let reqs: Vec<_> = bufs
             .iter_mut()
             .zip(&mhs)
-            .map(|(b, &mh)| cx.net.isend(sc, b.as_mut_ptr(), b.len() as i32, 5, mh))
+            .map(|(b, &mh)| cx.net.isend(sc, b.as_mut_ptr(), b.len(), 5, mh))
             .collect();
         for (i, req) in reqs.into_iter().enumerate() {
             assert_eq!(cx.net.wait(req)[0], size_of(i) as i32);
@@ -528,9 +522,13 @@ const ROTATE3: &[(&str, &str)] = &[
     ("NCCL_IB_SPLIT_DATA_ON_QPS", "0"),
 ];
 
-const FUSE01: &[(&str, &str)] = &[("NCCL_NET_RS_FUSE", "rxe0+rxe1")];
+const FUSE01: &[(&str, &str)] = &[
+    ("NCCL_NET_RS_FUSE", "rxe0+rxe1"),
+    ("RSIB_TEST_DEV", "rxe0+rxe1"),
+];
 const FUSE01_SPLIT4: &[(&str, &str)] = &[
     ("NCCL_NET_RS_FUSE", "rxe0+rxe1"),
+    ("RSIB_TEST_DEV", "rxe0+rxe1"),
     ("NCCL_IB_QPS_PER_CONNECTION", "2"),
     ("NCCL_IB_SPLIT_DATA_ON_QPS", "1"),
 ];
@@ -548,7 +546,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         name: "transfer_on_rxe1",
         ranks: 2,
         run: transfer_sizes,
-        env: &[&[("RSIB_TEST_DEV", "1")]],
+        env: &[&[("RSIB_TEST_DEV", "rxe1")]],
     },
     Scenario {
         name: "four_qps_split_data",
@@ -653,8 +651,11 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         ranks: 2,
         run: fused_against_unfused,
         env: &[
-            &[("NCCL_NET_RS_FUSE", "rxe1+rxe2"), ("RSIB_TEST_DEV", "1")],
-            &[("RSIB_TEST_DEV", "1")],
+            &[
+                ("NCCL_NET_RS_FUSE", "rxe1+rxe2"),
+                ("RSIB_TEST_DEV", "rxe1+rxe2"),
+            ],
+            &[("RSIB_TEST_DEV", "rxe1")],
         ],
     },
     Scenario {

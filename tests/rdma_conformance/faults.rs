@@ -44,15 +44,18 @@ enum Intruder {
     Closes,
     /// Sends 1 KiB of noise and closes.
     Noise,
+    /// Sends a hello's length of garbage and stays.
+    Garbage,
     /// Sends a well-formed hello for another listener (another job's handle) and stays.
     OtherListener,
     /// Connects and says nothing.
     Silent,
 }
 
-const INTRUDERS: [Intruder; 4] = [
+const INTRUDERS: [Intruder; 5] = [
     Intruder::Closes,
     Intruder::Noise,
+    Intruder::Garbage,
     Intruder::OtherListener,
     Intruder::Silent,
 ];
@@ -66,6 +69,11 @@ fn intrude(kind: Intruder, addr: SocketAddr) -> Option<TcpStream> {
             s.write_all(&crate::support::net::pattern(77, 1024))
                 .unwrap();
             None
+        }
+        Intruder::Garbage => {
+            s.write_all(&crate::support::net::pattern(78, Hello::LEN))
+                .unwrap();
+            Some(s)
         }
         Intruder::OtherListener => {
             let hello = Hello {
@@ -115,7 +123,7 @@ fn accept_real_peers(cx: &mut Cx, rounds: u64) {
 
 fn stray_connections_before_the_real_peer(cx: &mut Cx) {
     if cx.rank == 0 {
-        // Handle the closing and noisy strangers, the other listener's hello, then the silent one.
+        // One real peer after each kind of stranger.
         accept_real_peers(cx, INTRUDERS.len() as u64);
         println!("EXPECT_STDERR dropped a connection: peer 127.0.0.1:");
         println!("EXPECT_STDERR closed the connection during the handshake");
@@ -385,17 +393,17 @@ fn sender_learns_of_a_killed_receiver(cx: &mut Cx) {
         let mut buf = vec![0u8; BIG];
         let mh = cx.net.reg_mr(rc, &mut buf);
         recv_each(&cx.net, rc, &[(1, 4096)], 0);
-        let _big = cx.net.irecv(rc, &[(buf.as_mut_ptr(), BIG as i32, 0, mh)]);
+        let _big = cx.net.irecv(rc, &[(buf.as_mut_ptr(), BIG, 0, mh)]);
         // Long enough for the sender to start the transfer, far shorter than it takes.
         std::thread::sleep(Duration::from_millis(300));
         cx.kill_me();
     }
-    let killed = cx.await_kill();
     let sc = cx.connect_pair();
+    let killed = cx.await_kill();
     let mut buf = vec![3u8; BIG];
     let mh = cx.net.reg_mr(sc, &mut buf);
     send_each(&cx.net, sc, &[(1, 4096)], 0);
-    let req = cx.net.isend(sc, buf.as_mut_ptr(), BIG as i32, 0, mh);
+    let req = cx.net.isend(sc, buf.as_mut_ptr(), BIG, 0, mh);
     assert!(
         killed.get().is_none(),
         "the big send started before the kill"
@@ -624,7 +632,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         run: netdev_down_under_a_fused_member,
         env: &[&[
             ("NCCL_NET_RS_FUSE", "rxe1+rxe2"),
-            ("RSIB_TEST_DEV", "1"),
+            ("RSIB_TEST_DEV", "rxe1+rxe2"),
             FINITE_RETRIES,
             ("NCCL_IB_TIMEOUT", "12"),
         ]],

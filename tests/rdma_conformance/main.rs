@@ -1,5 +1,7 @@
-//! ABI conformance on Soft-RoCE: the built plugin, loaded with dlopen, driven through the
-//! `ncclNetPlugin_v8` vtable the way NCCL's proxy threads drive it, across separate processes.
+//! ABI conformance on Soft-RoCE: the built plugin, loaded with dlopen, driven through its
+//! ncclNet tables the way NCCL's proxy threads drive them, across separate processes. Every
+//! common scenario runs through v8 and through v12 (`vN/name`), with the same expectations;
+//! `versions.rs` adds what v9 to v11 change.
 //!
 //! Runs inside the VM (`scripts/rdma-vm.sh`); fails, never skips, without rxe0/rxe1. The binary
 //! has its own `main`: without arguments it runs every scenario (or those whose name contains
@@ -15,6 +17,7 @@ mod support;
 mod connections;
 mod data_path;
 mod faults;
+mod versions;
 
 use std::ffi::c_void;
 use std::io::{BufRead, BufReader, Write};
@@ -36,14 +39,19 @@ struct Cx {
     ranks: usize,
     dev: i32,
     lc: *mut c_void,
-    stdin: BufReader<std::io::Stdin>,
+    /// The relay's lines (handles, KILLED); `None` once `await_kill` took it over.
+    stdin: Option<BufReader<std::io::Stdin>>,
 }
 
 impl Cx {
     /// The next handle forwarded from rank + 1.
     fn peer(&mut self) -> Handle {
         let mut line = String::new();
-        self.stdin.read_line(&mut line).unwrap();
+        self.stdin
+            .as_mut()
+            .expect("await_kill took stdin over: read every peer handle before it")
+            .read_line(&mut line)
+            .unwrap();
         unhex(
             line.trim()
                 .strip_prefix("PEER ")
@@ -65,7 +73,7 @@ impl Cx {
     fn await_kill(&mut self) -> Arc<std::sync::OnceLock<Instant>> {
         let seen: Arc<std::sync::OnceLock<Instant>> = Arc::default();
         let set = Arc::clone(&seen);
-        let stdin = std::mem::replace(&mut self.stdin, BufReader::new(std::io::stdin()));
+        let stdin = self.stdin.take().expect("await_kill called twice");
         std::thread::spawn(move || {
             for line in stdin.lines().map_while(Result::ok) {
                 if line == "KILLED" {
@@ -137,7 +145,7 @@ fn send_each(net: &Net, sc: *mut c_void, msgs: &[(u64, usize)], tag: i32) {
     let mh = net.reg_mr(sc, &mut buf);
     for &(seed, size) in msgs {
         buf[..size].copy_from_slice(&pattern(seed, size));
-        let req = net.isend(sc, buf.as_mut_ptr(), size as i32, tag, mh);
+        let req = net.isend(sc, buf.as_mut_ptr(), size, tag, mh);
         assert_eq!(
             net.wait(req)[0],
             size as i32,
@@ -154,7 +162,7 @@ fn recv_each(net: &Net, rc: *mut c_void, msgs: &[(u64, usize)], tag: i32) {
     let mh = net.reg_mr(rc, &mut buf);
     for &(seed, size) in msgs {
         buf.fill(0xa5);
-        let req = net.irecv(rc, &[(buf.as_mut_ptr(), size as i32, tag, mh)]);
+        let req = net.irecv(rc, &[(buf.as_mut_ptr(), size, tag, mh)]);
         assert_eq!(
             net.wait(req)[0],
             size as i32,
@@ -201,10 +209,8 @@ fn exchange(cx: &mut Cx, sc: *mut c_void, rc: *mut c_void, len: usize) {
     let (smh, rmh) = (cx.net.reg_mr(sc, &mut out), cx.net.reg_mr(rc, &mut inb));
     let rreq = cx
         .net
-        .irecv(rc, &[(inb.as_mut_ptr(), len as i32, prev as i32, rmh)]);
-    let sreq = cx
-        .net
-        .isend(sc, out.as_mut_ptr(), len as i32, cx.rank as i32, smh);
+        .irecv(rc, &[(inb.as_mut_ptr(), len, prev as i32, rmh)]);
+    let sreq = cx.net.isend(sc, out.as_mut_ptr(), len, cx.rank as i32, smh);
     assert_eq!(cx.net.wait(sreq)[0], len as i32);
     assert_eq!(cx.net.wait(rreq)[0], len as i32);
     assert!(inb == pattern(prev as u64, len), "data from rank {prev}");
@@ -297,12 +303,39 @@ fn kill_and_tell(pid: u32, rank: usize, stdins: &[Mutex<std::process::ChildStdin
     }
 }
 
-/// Every scenario, in the order they run.
+/// Every scenario.
 fn scenarios() -> impl Iterator<Item = &'static Scenario> {
     data_path::SCENARIOS
         .iter()
         .chain(connections::SCENARIOS)
         .chain(faults::SCENARIOS)
+        .chain(versions::SCENARIOS)
+}
+
+/// The ncclNet versions the common scenarios run through: the oldest and the newest table,
+/// every scenario with the same expectations. `versions.rs` covers what v9 to v11 add.
+const ABIS: [u8; 2] = [8, 12];
+
+/// What runs, in order: `(display name, scenario, version)`.
+fn runs() -> Vec<(String, &'static Scenario, Option<u8>)> {
+    let common = data_path::SCENARIOS
+        .iter()
+        .chain(connections::SCENARIOS)
+        .chain(faults::SCENARIOS);
+    let mut runs: Vec<_> = ABIS
+        .iter()
+        .flat_map(|&abi| {
+            common
+                .clone()
+                .map(move |s| (format!("v{abi}/{}", s.name), s, Some(abi)))
+        })
+        .collect();
+    runs.extend(
+        versions::SCENARIOS
+            .iter()
+            .map(|s| (s.name.to_owned(), s, None)),
+    );
+    runs
 }
 
 /// The registration-recording shim, compiled once.
@@ -323,11 +356,7 @@ fn child(name: &str, rank: usize, ranks: usize) {
         .find(|s| s.name == name)
         .unwrap_or_else(|| panic!("no scenario {name}"));
     let net = Net::load(&support::plugin_path());
-    let dev: i32 = std::env::var("RSIB_TEST_DEV")
-        .ok()
-        .and_then(|d| d.parse().ok())
-        .unwrap_or(0);
-    assert!(net.devices() > dev, "device {dev} missing");
+    let dev = net.device_named(&std::env::var("RSIB_TEST_DEV").unwrap_or_else(|_| "rxe0".into()));
     let (handle, lc) = net.listen(dev);
     println!("HANDLE {}", hex(&handle));
     println!("DEVICE {}", net.device_name(dev));
@@ -338,7 +367,7 @@ fn child(name: &str, rank: usize, ranks: usize) {
         ranks,
         dev,
         lc,
-        stdin: BufReader::new(std::io::stdin()),
+        stdin: Some(BufReader::new(std::io::stdin())),
     };
     (scenario.run)(&mut cx);
     println!("DONE");
@@ -355,8 +384,9 @@ fn half_connect(handle: &str, dev: &str) {
     std::process::exit(0);
 }
 
-/// Run one scenario's processes; `Err` describes the failure.
-fn run_scenario(s: &Scenario) -> Result<(), String> {
+/// Run one scenario's processes, through ncclNet `abi` (or what the scenario's environment
+/// says); `Err` describes the failure.
+fn run_scenario(s: &Scenario, abi: Option<u8>) -> Result<(), String> {
     let exe = std::env::current_exe().unwrap();
     let mut children: Vec<Child> = (0..s.ranks)
         .map(|rank| {
@@ -375,6 +405,9 @@ fn run_scenario(s: &Scenario) -> Result<(), String> {
                 let log = std::env::temp_dir().join(format!("rsib-reg-{}-{rank}.log", s.name));
                 let _ = std::fs::remove_file(&log);
                 cmd.env("LD_PRELOAD", reg_shim()).env("RSIB_REG_LOG", log);
+            }
+            if let Some(abi) = abi {
+                cmd.env("RSIB_TEST_ABI", abi.to_string());
             }
             cmd.args([
                 "--role",
@@ -428,22 +461,30 @@ fn run_scenario(s: &Scenario) -> Result<(), String> {
     }
     let deadline = Instant::now() + Duration::from_secs(900);
     let mut statuses = vec![None; s.ranks];
+    let mut timed_out = false;
     while statuses.iter().any(Option::is_none) {
+        if timed_out && Instant::now() > deadline + Duration::from_secs(30) {
+            return Err("timed out after 900 s, and a rank did not die when killed".into());
+        }
         for (rank, c) in children.iter_mut().enumerate() {
             if statuses[rank].is_none() {
                 statuses[rank] = c.try_wait().unwrap();
             }
         }
-        if Instant::now() > deadline {
+        if !timed_out && Instant::now() > deadline {
+            // Kill the ranks still running and report what every rank printed.
+            timed_out = true;
             children.iter_mut().for_each(|c| drop(c.kill()));
-            return Err("timed out after 900 s".into());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(stdins);
     let outputs: Vec<Vec<String>> = readers.into_iter().map(|r| r.join().unwrap()).collect();
     let mut report = String::new();
-    let mut failed = false;
+    let mut failed = timed_out;
+    if timed_out {
+        report.push_str("timed out after 900 s\n");
+    }
     for rank in 0..s.ranks {
         let (out, err) = (&outputs[2 * rank], &outputs[2 * rank + 1]);
         let status = statuses[rank].unwrap();
@@ -459,7 +500,7 @@ fn run_scenario(s: &Scenario) -> Result<(), String> {
         for note in out.iter().filter_map(|l| l.strip_prefix("NOTE ")) {
             println!("    rank {rank}: {note}");
         }
-        if !(status.success() || was_killed) || !done || expectation_missed {
+        if !(status.success() || was_killed) || !done || expectation_missed || timed_out {
             failed = true;
             report.push_str(&format!(
                 "--- rank {rank} ({status}) stdout:\n{}\n--- stderr:\n{}\n",
@@ -500,21 +541,21 @@ fn main() {
         .find(|a| !a.starts_with('-'))
         .cloned()
         .unwrap_or_default();
-    let chosen: Vec<&Scenario> = scenarios().filter(|s| s.name.contains(&filter)).collect();
+    let all = runs();
+    let chosen: Vec<_> = all.iter().filter(|r| r.0.contains(&filter)).collect();
     println!("\nrunning {} tests", chosen.len());
     let start = Instant::now();
     let mut failures = Vec::new();
-    for s in &chosen {
+    for (name, s, abi) in &chosen {
         let t = Instant::now();
-        let outcome = run_scenario(s);
+        let outcome = run_scenario(s, *abi);
         let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
         println!(
-            "test {} ... {verdict} ({:.1}s)",
-            s.name,
+            "test {name} ... {verdict} ({:.1}s)",
             t.elapsed().as_secs_f64()
         );
         if let Err(report) = outcome {
-            failures.push((s.name, report));
+            failures.push((name, report));
         }
     }
     for (name, report) in &failures {
@@ -525,7 +566,7 @@ fn main() {
     println!(
         "\ntest result: {result}. {passed} passed; {} failed; 0 ignored; 0 measured; {} filtered out; finished in {:.2}s\n",
         failures.len(),
-        scenarios().count() - chosen.len(),
+        all.len() - chosen.len(),
         start.elapsed().as_secs_f64()
     );
     std::process::exit(i32::from(!failures.is_empty()));

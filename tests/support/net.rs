@@ -1,15 +1,12 @@
-//! The conformance tests' view of the plugin: the benchmark's vtable driver
-//! (`src/bin/nccl-net-bench/plugin.rs`), with calls that must succeed turned into assertions.
+//! The conformance tests' view of a plugin: `nccl_net::driver` (the driver the benchmark and the
+//! doctor use too), with calls that must succeed turned into assertions. The ncclNet version
+//! comes from `RSIB_TEST_ABI` (8 to 12; the highest exported when unset).
 
 use std::ffi::c_void;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-#[path = "../../src/bin/nccl-net-bench/plugin.rs"]
-mod plugin;
-
-use plugin::Plugin;
-pub use plugin::{Handle, pattern};
+pub use nccl_net::driver::{Driver, Handle, LoadOptions, fill_pattern_at, pattern, pattern_at};
 
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -21,17 +18,43 @@ fn ok<T>(r: Result<T, i32>, what: &str) -> T {
     r.unwrap_or_else(|rc| panic!("{what} returned ncclResult {rc}"))
 }
 
-pub struct Net(Plugin);
+/// The version `RSIB_TEST_ABI` asks for.
+pub fn test_abi() -> Option<u8> {
+    std::env::var("RSIB_TEST_ABI")
+        .ok()
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("RSIB_TEST_ABI={v}")))
+}
+
+pub struct Net(pub Driver);
 
 impl Net {
+    /// Load through `RSIB_TEST_ABI`, with the communicator traffic class `RSIB_TEST_TC` (-1 when
+    /// unset): v10 passes it to connect, v11+ to init.
     pub fn load(path: &Path) -> Self {
-        Self(Plugin::load(path).unwrap())
+        let traffic_class = std::env::var("RSIB_TEST_TC").map_or(-1, |v| v.parse().unwrap());
+        Self::load_with(
+            path,
+            LoadOptions {
+                version: test_abi(),
+                traffic_class,
+                ..LoadOptions::default()
+            },
+        )
+    }
+    pub fn load_with(path: &Path, options: LoadOptions) -> Self {
+        Self(Driver::load(path, options).unwrap())
     }
     pub fn devices(&self) -> i32 {
         ok(self.0.devices(), "devices")
     }
     pub fn device_name(&self, dev: i32) -> String {
-        ok(self.0.device(dev), "getProperties").0
+        ok(self.0.device(dev), "getProperties").name
+    }
+    /// The index of the device called `name`.
+    pub fn device_named(&self, name: &str) -> i32 {
+        (0..self.devices())
+            .find(|&d| self.device_name(d) == name)
+            .unwrap_or_else(|| panic!("no device {name}"))
     }
     pub fn listen(&self, dev: i32) -> (Handle, *mut c_void) {
         let (h, lc) = ok(self.0.listen(dev), "listen");
@@ -83,7 +106,7 @@ impl Net {
         &self,
         sc: *mut c_void,
         data: *mut u8,
-        size: i32,
+        size: usize,
         tag: i32,
         mh: *mut c_void,
     ) -> Result<*mut c_void, i32> {
@@ -93,7 +116,7 @@ impl Net {
         &self,
         sc: *mut c_void,
         data: *mut u8,
-        size: i32,
+        size: usize,
         tag: i32,
         mh: *mut c_void,
     ) -> *mut c_void {
@@ -106,16 +129,19 @@ impl Net {
     pub fn irecv_step(
         &self,
         rc: *mut c_void,
-        bufs: &[(*mut u8, i32, i32, *mut c_void)],
+        bufs: &[(*mut u8, usize, i32, *mut c_void)],
         preset: *mut c_void,
     ) -> Result<*mut c_void, i32> {
-        self.0.irecv_step(rc, bufs, preset)
+        self.0.irecv_step_preset(rc, bufs, preset)
     }
-    pub fn irecv(&self, rc: *mut c_void, bufs: &[(*mut u8, i32, i32, *mut c_void)]) -> *mut c_void {
+    /// Post a receive until it starts, `*request` preset as NCCL presets it.
+    pub fn irecv(
+        &self,
+        rc: *mut c_void,
+        bufs: &[(*mut u8, usize, i32, *mut c_void)],
+    ) -> *mut c_void {
         self.0
-            .until_started("irecv", deadline(), || {
-                self.0.irecv_step(rc, bufs, std::ptr::null_mut())
-            })
+            .until_started("irecv", deadline(), || self.0.irecv_step(rc, bufs))
             .unwrap()
     }
     pub fn iflush(&self, rc: *mut c_void, bufs: &[(*mut u8, i32, *mut c_void)]) -> *mut c_void {

@@ -1,4 +1,4 @@
-//! nccl-net-bench: measure any ncclNet v8 plugin the way NCCL drives it.
+//! nccl-net-bench: measure any ncclNet plugin (v8 to v12) the way NCCL drives it.
 //!
 //! Two processes (rank 0 sends in the bandwidth phase and prints; rank 1 receives), connected
 //! through the plugin in both directions after a TCP rendezvous that carries the listen handles.
@@ -7,15 +7,15 @@
 //! sides; optionally every byte is verified.
 //!
 //! ```text
-//! nccl-net-bench --plugin PATH [--dev INDEX|NAME] [--min BYTES] [--max BYTES] [--inflight N]
-//!                [--bytes BYTES] [--iters N] [--lat-iters N] [--verify] [--json]
+//! nccl-net-bench --plugin PATH [--abi 8..12] [--dev INDEX|NAME] [--min BYTES] [--max BYTES]
+//!                [--inflight N] [--bytes BYTES] [--iters N] [--lat-iters N] [--verify] [--json]
 //!                [--role both|server|client] [--rendezvous HOST:PORT]
 //! ```
+//! The plugin is driven through `nccl_net::driver`: the highest ncclNet version it exports
+//! (or `--abi N`), with a logger at `init`, as NCCL does.
 //! `--role both` (default) runs rank 1 as a child process on this node over loopback. On two
 //! nodes: `--role server --rendezvous 0.0.0.0:18515` on one, `--role client --rendezvous
 //! SERVER:18515` on the other.
-
-mod plugin;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -23,11 +23,12 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use plugin::{Handle, Plugin, Ptr, fill_pattern};
+use nccl_net::driver::{Driver, Handle, LoadOptions, Ptr, fill_pattern};
 
 #[derive(Clone, Debug)]
 struct Options {
     plugin: PathBuf,
+    abi: Option<u8>,
     dev: String,
     min: usize,
     max: usize,
@@ -41,7 +42,7 @@ struct Options {
     rendezvous: String,
 }
 
-const USAGE: &str = "usage: nccl-net-bench --plugin PATH [--dev INDEX|NAME] [--min BYTES] [--max BYTES] \
+const USAGE: &str = "usage: nccl-net-bench --plugin PATH [--abi 8..12] [--dev INDEX|NAME] [--min BYTES] [--max BYTES] \
 [--inflight N] [--bytes BYTES] [--iters N] [--lat-iters N] [--verify] [--json] \
 [--role both|server|client] [--rendezvous HOST:PORT]";
 
@@ -61,6 +62,7 @@ fn parse_size(s: &str) -> Result<usize, String> {
 fn parse_args(args: &[String]) -> Result<Options, String> {
     let mut o = Options {
         plugin: PathBuf::new(),
+        abi: None,
         dev: "0".into(),
         min: 8,
         max: 64 << 20,
@@ -82,6 +84,15 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         };
         match flag.as_str() {
             "--plugin" => o.plugin = PathBuf::from(value()?),
+            "--abi" => {
+                o.abi = Some(
+                    value()?
+                        .parse()
+                        .ok()
+                        .filter(|v| (8..=12).contains(v))
+                        .ok_or("--abi takes a version from 8 to 12")?,
+                )
+            }
             "--dev" => o.dev = value()?,
             "--min" => o.min = parse_size(&value()?)?,
             "--max" => o.max = parse_size(&value()?)?,
@@ -201,7 +212,7 @@ impl Row {
 }
 
 struct Endpoint {
-    net: Plugin,
+    net: Driver,
     /// "name (speed Mbps)" of the plugin device in use, for the report header.
     device: String,
     sc: Ptr,
@@ -218,12 +229,12 @@ fn deadline() -> Instant {
 }
 
 /// The plugin device `--dev` names (an index or a device name).
-fn device_index(net: &Plugin, dev: &str) -> Result<i32, String> {
+fn device_index(net: &Driver, dev: &str) -> Result<i32, String> {
     let ndev = net
         .devices()
         .map_err(|rc| format!("devices failed: ncclResult {rc}"))?;
     let names: Vec<String> = (0..ndev)
-        .filter_map(|i| net.device(i).ok().map(|d| d.0))
+        .filter_map(|i| net.device(i).ok().map(|d| d.name))
         .collect();
     let index = match dev.parse::<i32>() {
         Ok(i) if (0..ndev).contains(&i) => Some(i),
@@ -239,12 +250,18 @@ fn device_index(net: &Plugin, dev: &str) -> Result<i32, String> {
 }
 
 fn setup(o: &Options, ctl: &mut Control) -> Result<Endpoint, String> {
-    let net = Plugin::load(&o.plugin)?;
+    let net = Driver::load(
+        &o.plugin,
+        LoadOptions {
+            version: o.abi,
+            ..LoadOptions::default()
+        },
+    )?;
     let dev = device_index(&net, &o.dev)?;
-    let (name, speed) = net
+    let info = net
         .device(dev)
         .map_err(|rc| format!("getProperties failed: ncclResult {rc}"))?;
-    let device = format!("{name} ({speed} Mbps)");
+    let device = format!("{} ({} Mbps)", info.name, info.speed_mbps);
     let (handle, lc) = net
         .listen(dev)
         .map_err(|rc| format!("listen failed: ncclResult {rc}"))?;
@@ -309,9 +326,8 @@ impl Endpoint {
             }
             let p = self.send_ptr(slot, o.verify);
             let (net, sc, smh) = (&self.net, self.sc, self.smh);
-            pending.push_back(
-                net.until_started("isend", d, || net.isend_step(sc, p, size as i32, 0, smh))?,
-            );
+            pending
+                .push_back(net.until_started("isend", d, || net.isend_step(sc, p, size, 0, smh))?);
         }
         for r in pending {
             self.net.wait(r, d)?;
@@ -351,9 +367,7 @@ impl Endpoint {
             let (net, rc, rmh) = (&self.net, self.rc, self.rmh);
             pending.push_back((
                 i,
-                net.until_started("irecv", d, || {
-                    net.irecv_step(rc, &[(p, size as i32, 0, rmh)], std::ptr::null_mut())
-                })?,
+                net.until_started("irecv", d, || net.irecv_step(rc, &[(p, size, 0, rmh)]))?,
             ));
         }
         for (j, r) in pending {
@@ -369,12 +383,9 @@ impl Endpoint {
         let d = deadline();
         let (net, sc, rc, smh, rmh) = (&self.net, self.sc, self.rc, self.smh, self.rmh);
         let (sp, rp) = (self.sbuf.as_mut_ptr(), self.rbuf.as_mut_ptr());
-        let post_recv = || {
-            net.until_started("irecv", d, || {
-                net.irecv_step(rc, &[(rp, size as i32, 1, rmh)], std::ptr::null_mut())
-            })
-        };
-        let send = || net.until_started("isend", d, || net.isend_step(sc, sp, size as i32, 1, smh));
+        let post_recv =
+            || net.until_started("irecv", d, || net.irecv_step(rc, &[(rp, size, 1, rmh)]));
+        let send = || net.until_started("isend", d, || net.isend_step(sc, sp, size, 1, smh));
         let mut posted: std::collections::VecDeque<Ptr> = [post_recv()?, post_recv()?].into();
         let mut sends: std::collections::VecDeque<Ptr> = std::collections::VecDeque::new();
         let start = Instant::now();
@@ -408,6 +419,7 @@ impl Endpoint {
 /// What rank 0 prints: the plugin, its device, one row per size.
 struct Report {
     name: String,
+    abi: u8,
     device: String,
     rows: Vec<Row>,
 }
@@ -468,6 +480,7 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
     let _ = (ep.net.close_send(ep.sc), ep.net.close_recv(ep.rc));
     Ok(Report {
         name: ep.net.name(),
+        abi: ep.net.version(),
         device: ep.device,
         rows,
     })
@@ -475,9 +488,10 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
 
 fn print_table(o: &Options, report: &Report) {
     println!(
-        "# nccl-net-bench: plugin {} ({}), device {}",
+        "# nccl-net-bench: plugin {} ({}, ncclNet v{}), device {}",
         o.plugin.display(),
         report.name,
+        report.abi,
         report.device
     );
     println!(
@@ -535,9 +549,10 @@ fn print_json(o: &Options, report: &Report) {
         })
         .collect();
     println!(
-        "{{\"plugin\":\"{}\",\"name\":\"{}\",\"device\":\"{}\",\"inflight\":{},\"results\":[{}]}}",
+        "{{\"plugin\":\"{}\",\"name\":\"{}\",\"abi\":{},\"device\":\"{}\",\"inflight\":{},\"results\":[{}]}}",
         esc(&o.plugin.display().to_string()),
         esc(&report.name),
+        report.abi,
         esc(&report.device),
         o.inflight,
         results.join(",")

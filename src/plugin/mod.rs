@@ -1,0 +1,401 @@
+//! Process-wide plugin state: configuration and the device table, built by the first `init`
+//! and read by every later call from any NCCL thread.
+//!
+//! Lifetime: ncclNet v8 to v10 call `init` once per process and never finalize, so their state
+//! lives for the process. v11+ call `init` once per communicator, each returning a
+//! [`CommContext`], and `finalize` for each: the state goes with the last context (a later
+//! `init` discovers again). Discovery happens once per state, whatever the number of contexts.
+//!
+//! Device table: under v8 NCCL cannot fuse devices, so the ports of one NIC are fused here at
+//! init ([`DeviceModel::Fused`]). From v9 NCCL fuses them itself through `makeVDevice`, so the
+//! table starts with one device per port, then the `NCCL_NET_RS_FUSE` groups, and grows with
+//! every `makeVDevice` ([`DeviceModel::Ports`]).
+
+mod context;
+mod device;
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+pub use self::context::{CommContext, Flows, NetHints, RawNetAttr, traffic_class_of};
+pub use self::device::Device;
+use self::device::GpuContext;
+use crate::core::config::{Config, MAX_FUSED_MEMBERS};
+use crate::core::error::{Error, Result};
+use crate::log::{self, INIT_TARGET};
+pub use crate::topology::MemorySupport;
+use crate::topology::{
+    FusionPolicy, HcaFilter, LinkLayer, NetDevice, Selection, SysfsRoot, VirtualDevice, fuse,
+    fuse_listed, physical_then_explicit, select_devices, select_gid,
+};
+use crate::transport::DeviceContext;
+use crate::verbs::{self, Discovery};
+
+/// Name NCCL shows and matches against `NCCL_NET` (case-insensitively).
+pub const PLUGIN_NAME: &str = "RsIB";
+
+/// Largest `n` accepted by a grouped `irecv` (NCCL's own IB transport uses 8).
+pub const MAX_GROUPED_RECVS: u32 = 8;
+
+/// How the device table is made (see the module doc).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum DeviceModel {
+    /// ncclNet v8: the ports of one NIC fused at init.
+    Fused,
+    /// ncclNet v9+: one device per port; NCCL fuses through `makeVDevice`.
+    Ports,
+}
+
+/// The initialised plugin.
+#[derive(Debug)]
+pub struct Plugin {
+    config: Config,
+    model: DeviceModel,
+    /// Ports at the head of the table under [`DeviceModel::Ports`] (what `makeVDevice` fuses).
+    ports: Vec<NetDevice>,
+    devices: RwLock<Vec<Arc<Device>>>,
+    gpu: GpuContext,
+}
+
+/// The current state and who holds it.
+#[derive(Debug)]
+struct Lifetime {
+    plugin: Option<Arc<Plugin>>,
+    /// Open v11+ contexts.
+    contexts: usize,
+    /// A pre-v11 `init` happened: nothing will ever finalize.
+    permanent: bool,
+}
+
+static LIFETIME: RwLock<Lifetime> = RwLock::new(Lifetime {
+    plugin: None,
+    contexts: 0,
+    permanent: false,
+});
+
+impl Plugin {
+    /// `init` of ncclNet v8 to v10: build the state if there is none; it stays for the process.
+    ///
+    /// # Errors
+    /// `Config` when a variable has an invalid value (init is retried on the next call).
+    pub fn init(model: DeviceModel) -> Result<Arc<Self>> {
+        let mut life = LIFETIME.write();
+        let plugin = Self::current_or_build(&mut life, model)?;
+        life.permanent = true;
+        Ok(plugin)
+    }
+
+    /// `init` of ncclNet v11+: build the state if there is none and open a context on it.
+    ///
+    /// # Errors
+    /// As [`Plugin::init`], and `Config` for an invalid traffic class.
+    pub fn open_context(comm_id: u64, traffic_class: i32) -> Result<CommContext> {
+        let context = CommContext::new(comm_id, traffic_class)?;
+        let mut life = LIFETIME.write();
+        Self::current_or_build(&mut life, DeviceModel::Ports)?;
+        life.contexts += 1;
+        Ok(context)
+    }
+
+    /// `finalize` of ncclNet v11+: release `context`; the state goes with the last one (unless a
+    /// pre-v11 `init` made it permanent). Comms still open keep their devices.
+    pub fn close_context(context: CommContext) {
+        let mut life = LIFETIME.write();
+        life.contexts = life.contexts.saturating_sub(1);
+        tracing::debug!(
+            "finalize of comm {:#x}: {} contexts open",
+            context.comm_id,
+            life.contexts
+        );
+        if life.contexts == 0 && !life.permanent {
+            life.plugin = None;
+        }
+    }
+
+    fn current_or_build(life: &mut Lifetime, model: DeviceModel) -> Result<Arc<Self>> {
+        if let Some(plugin) = &life.plugin {
+            return Ok(Arc::clone(plugin));
+        }
+        let config = Config::from_lookup(|name| std::env::var_os(name))?;
+        log::set_filter(&config.log_directive);
+        let sysfs = SysfsRoot::default();
+        let plugin = Arc::new(Self::discover(config, model, &sysfs));
+        plugin.check_gid_index(&sysfs)?;
+        plugin.log_banner();
+        life.plugin = Some(Arc::clone(&plugin));
+        Ok(plugin)
+    }
+
+    /// The plugin, if `init` has run (and the state was not finalized since).
+    ///
+    /// # Errors
+    /// `Misuse` when NCCL calls an entry point before `init` or after the last `finalize`.
+    pub fn get() -> Result<Arc<Self>> {
+        LIFETIME
+            .read()
+            .plugin
+            .clone()
+            .ok_or_else(|| Error::misuse("called before init (or after the last finalize)"))
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// How the device table is made.
+    pub fn model(&self) -> DeviceModel {
+        self.model
+    }
+
+    /// Number of devices NCCL sees.
+    pub fn device_count(&self) -> usize {
+        self.devices.read().len()
+    }
+
+    /// Device `index`.
+    ///
+    /// # Errors
+    /// `Misuse` for an index NCCL was never given.
+    pub fn device(&self, index: i32) -> Result<Arc<Device>> {
+        let devices = self.devices.read();
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| devices.get(i))
+            .cloned()
+            .ok_or_else(|| {
+                Error::misuse(format!(
+                    "device {index} does not exist ({} devices)",
+                    devices.len()
+                ))
+            })
+    }
+
+    /// The verbs context of device `index`, opened on first use and shared by its comms.
+    ///
+    /// # Errors
+    /// `Misuse` for an unknown index; whatever opening the device fails with.
+    pub fn context(&self, index: i32) -> Result<Arc<DeviceContext>> {
+        self.device(index)?.context(&self.config).cloned()
+    }
+
+    /// `makeVDevice`: fuse the ports at `members` (indices of physical devices) into a new
+    /// device, by the same rules as every other fusion, and return its index; at most
+    /// `max_members` (the version's limit). One INFO line says what was decided.
+    ///
+    /// # Errors
+    /// `Config` (NCCL keeps the devices apart) when the rules refuse, with the reason; `Misuse`
+    /// for indices that are not ports of this plugin or a table made for ncclNet v8.
+    pub fn make_virtual_device(&self, members: &[i32], max_members: usize) -> Result<i32> {
+        if self.model != DeviceModel::Ports {
+            return Err(Error::misuse(
+                "makeVDevice on a device table made for ncclNet v8 (ports already fused at init)",
+            ));
+        }
+        if members.is_empty() || members.len() > max_members {
+            return Err(Error::misuse(format!(
+                "makeVDevice with {} devices (this ncclNet version allows 1..={max_members})",
+                members.len()
+            )));
+        }
+        let mut physical = Vec::with_capacity(members.len());
+        for &m in members {
+            let i = usize::try_from(m)
+                .ok()
+                .filter(|&i| i < self.ports.len())
+                .ok_or_else(|| {
+                    Error::misuse(format!(
+                        "makeVDevice member {m} is not a port ({} ports)",
+                        self.ports.len()
+                    ))
+                })?;
+            if physical.contains(&i) {
+                return Err(Error::misuse(format!("makeVDevice lists device {m} twice")));
+            }
+            physical.push(i);
+        }
+        if let [only] = physical[..] {
+            // NCCL never asks for a single member (ncclTopoMakeVnic); it is that port.
+            return Ok(i32::try_from(only).unwrap_or(i32::MAX));
+        }
+        let ports: Vec<&NetDevice> = physical.iter().map(|&i| &self.ports[i]).collect();
+        let label = ports
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join("+");
+        let virt = fuse_listed(&ports, &self.fusion_policy(max_members)).map_err(|why| {
+            tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: fusion {label} refused: {why}");
+            Error::config(format!("makeVDevice {label} refused: {why}"))
+        })?;
+        tracing::info!(
+            target: INIT_TARGET,
+            "NET/{PLUGIN_NAME}: fusion: fused {label} ({} Mbps): makeVDevice",
+            virt.speed_mbps()
+        );
+        let device = Arc::new(Device::new(virt, physical, &self.gpu, &self.config));
+        let mut devices = self.devices.write();
+        devices.push(device);
+        Ok(i32::try_from(devices.len() - 1).unwrap_or(i32::MAX))
+    }
+
+    fn fusion_policy(&self, max_members: usize) -> FusionPolicy {
+        FusionPolicy {
+            merge_nics: self.config.merge_nics,
+            merge_vfs: self.config.merge_vfs,
+            explicit: self.config.fuse.clone(),
+            max_members,
+        }
+    }
+
+    fn discover(config: Config, model: DeviceModel, sysfs: &SysfsRoot) -> Self {
+        let gpu = GpuContext::probe(sysfs);
+        let mut plugin = Self {
+            config,
+            model,
+            ports: Vec::new(),
+            devices: RwLock::new(Vec::new()),
+            gpu,
+        };
+        let selection = match Self::select(&plugin.config, sysfs) {
+            Ok(selection) => selection,
+            Err(why) => {
+                tracing::warn!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: 0 devices: {why}");
+                return plugin;
+            }
+        };
+        let policy = plugin.fusion_policy(MAX_FUSED_MEMBERS);
+        let fusion = match model {
+            DeviceModel::Fused => fuse(selection.devices, &policy),
+            DeviceModel::Ports => {
+                plugin.ports = selection.devices.clone();
+                physical_then_explicit(selection.devices, &policy)
+            }
+        };
+        for decision in &fusion.decisions {
+            tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: fusion: {decision}");
+        }
+        let devices = fusion
+            .devices
+            .into_iter()
+            .enumerate()
+            .map(|(i, virt)| {
+                let physical = plugin.physical_indices(i, &virt);
+                Arc::new(Device::new(virt, physical, &plugin.gpu, &plugin.config))
+            })
+            .collect();
+        plugin.devices = RwLock::new(devices);
+        plugin
+    }
+
+    /// The ports a device at `index` is made of, as `vProps` lists them: the ports' own indices
+    /// under [`DeviceModel::Ports`]; under v8 the device is its own single member.
+    fn physical_indices(&self, index: usize, virt: &VirtualDevice) -> Vec<usize> {
+        if self.model == DeviceModel::Fused {
+            return vec![index];
+        }
+        virt.members
+            .iter()
+            .filter_map(|m| self.ports.iter().position(|p| p.name == m.name))
+            .collect()
+    }
+
+    /// Discover and select; `Err` carries the one line that explains an empty device list.
+    fn select(config: &Config, sysfs: &SysfsRoot) -> std::result::Result<Selection, String> {
+        let filter = match config.ib_hca.as_deref().map(HcaFilter::parse).transpose() {
+            Ok(f) => f,
+            Err(e) => return Err(e.to_string()),
+        };
+        let discovery = verbs::discover_ports().map_err(|e| explain_discovery_failure(&e))?;
+        for problem in &discovery.problems {
+            tracing::warn!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: {problem}");
+        }
+        let selection = select_devices(&discovery.ports, filter.as_ref(), sysfs);
+        if selection.devices.is_empty() {
+            return Err(explain_empty_selection(
+                &discovery,
+                &selection,
+                filter.as_ref(),
+            ));
+        }
+        if !selection.skipped.is_empty() {
+            tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: not used: {}", selection.skipped.join("; "));
+        }
+        Ok(selection)
+    }
+
+    /// `NCCL_IB_GID_INDEX` names one GID index for every RoCE port: refuse it here, naming the
+    /// variable, when a selected port has no such GID, rather than at the first `listen`.
+    fn check_gid_index(&self, sysfs: &SysfsRoot) -> Result<()> {
+        let Some(index) = self.config.gid_index else {
+            return Ok(());
+        };
+        let devices = self.devices.read();
+        let roce_ports = devices
+            .iter()
+            .flat_map(|d| &d.virt.members)
+            .filter(|m| m.link_layer == LinkLayer::Ethernet);
+        for port in roce_ports {
+            let gids = sysfs.port_gids(&port.device, port.port);
+            let config = &self.config;
+            select_gid(&gids, Some(index), config.addr_family, config.roce_version)
+                .map_err(|why| Error::config(format!("{why} on {}:{}", port.device, port.port)))?;
+        }
+        Ok(())
+    }
+
+    fn log_banner(&self) {
+        let devices = self.devices.read();
+        if devices.is_empty() {
+            return;
+        }
+        let list: Vec<String> = devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| d.banner_entry(i))
+            .collect();
+        let model = match self.model {
+            DeviceModel::Fused => "ncclNet v8, ports of a NIC fused here",
+            DeviceModel::Ports => "ncclNet v9+, NCCL fuses ports with makeVDevice",
+        };
+        tracing::info!(
+            target: INIT_TARGET,
+            "NET/{PLUGIN_NAME} {} {} ({model}): using {}",
+            env!("CARGO_PKG_NAME"),
+            env!("CARGO_PKG_VERSION"),
+            list.join(" ")
+        );
+    }
+}
+
+fn explain_discovery_failure(error: &Error) -> String {
+    let hint = match error.os_error().and_then(std::io::Error::raw_os_error) {
+        Some(libc::ENOSYS) => {
+            "; this kernel has no RDMA support (no /sys/class/infiniband): load the NIC's RDMA \
+             driver (mlx5_ib), or rdma_rxe for Soft-RoCE"
+        }
+        _ => "",
+    };
+    format!("no RDMA devices: {error}{hint}")
+}
+
+fn explain_empty_selection(
+    discovery: &Discovery,
+    selection: &Selection,
+    filter: Option<&HcaFilter>,
+) -> String {
+    if discovery.device_count == 0 {
+        return "no RDMA devices: libibverbs found none (check `ibv_devices`, the RDMA driver, and \
+                that the provider package, e.g. ibverbs-providers, is installed)"
+            .to_owned();
+    }
+    let ports = selection.skipped.join("; ");
+    match filter {
+        Some(f) => format!(
+            "NCCL_IB_HCA='{}' matches no active port ({ports})",
+            f.as_str()
+        ),
+        None => format!("no active IB/RoCE port ({ports})"),
+    }
+}
