@@ -27,7 +27,7 @@ if [ "$want_build" = 1 ]; then
 fi
 if [ "$want_vm" = 1 ]; then
   packages+=(qemu-system-x86 busybox-static linux-image-amd64 rdma-core ibverbs-utils ibverbs-providers
-    perftest iproute2 kmod procps python3 python3-venv)
+    perftest iproute2 kmod procps util-linux python3 python3-venv)
 fi
 
 missing=()
@@ -62,7 +62,8 @@ if [ "$want_build" = 1 ]; then
     problems+=("pkg-config finds no libibverbs/librdmacm (libibverbs-dev, librdmacm-dev)")
 fi
 if [ "$want_vm" = 1 ]; then
-  for prog in qemu-system-x86_64 busybox rdma ip modprobe sysctl timeout python3 \
+  # setpriv: the doctor's VM tests drop CAP_IPC_LOCK and run as nobody to stage faults.
+  for prog in qemu-system-x86_64 busybox rdma ip modprobe sysctl timeout python3 setpriv \
     ib_write_bw ib_write_lat ibv_devices; do
     need "$prog"
   done

@@ -28,7 +28,7 @@ step() { # step NAME CMD...: run, tee into target/test-logs/NAME.log, remember f
 }
 
 # VM-only suites ([[test]] ... test = false in Cargo.toml).
-rdma_suites=(rdma_devices rdma_bench rdma_conformance)
+rdma_suites=(rdma_devices rdma_bench rdma_conformance rdma_doctor)
 
 check_install() {
   local prefix="$repo/target/install-check"
@@ -39,7 +39,8 @@ check_install() {
     for v in 8 9 10 11 12; do
       nm -D --defined-only "$prefix/lib/libnccl-net-rsib.so" | grep -q " ncclNetPlugin_v$v\$" || return 1
     done &&
-    echo "install check: both files present, real files, exporting ncclNetPlugin_v8 .. v12"
+    "$prefix/bin/nccl-net-doctor" --list-checks | grep -q '^verbs.provider' &&
+    echo "install check: both libraries present, real files, exporting ncclNetPlugin_v8 .. v12; nccl-net-doctor runs"
 }
 
 build_rdma_suites() {

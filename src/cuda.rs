@@ -173,6 +173,34 @@ impl DeviceBuffer {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Copy `data` to the start of the buffer.
+    ///
+    /// # Errors
+    /// `Cuda` when `data` is longer than the buffer or the copy fails.
+    pub fn write(&self, data: &[u8]) -> Result<()> {
+        if data.len() > self.len {
+            return Err(Error::new(Kind::Cuda, "copy larger than the GPU buffer"));
+        }
+        // SAFETY: `data` is readable for its length and fits the allocation (checked above).
+        call("cuMemcpyHtoD", || unsafe {
+            sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), data.len())
+        })
+    }
+
+    /// Copy the start of the buffer into `out`.
+    ///
+    /// # Errors
+    /// `Cuda` when `out` is longer than the buffer or the copy fails.
+    pub fn read(&self, out: &mut [u8]) -> Result<()> {
+        if out.len() > self.len {
+            return Err(Error::new(Kind::Cuda, "copy larger than the GPU buffer"));
+        }
+        // SAFETY: `out` is writable for its length and the source range fits the allocation.
+        call("cuMemcpyDtoH", || unsafe {
+            sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr, out.len())
+        })
+    }
 }
 
 impl Drop for DeviceBuffer {

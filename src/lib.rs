@@ -10,12 +10,14 @@
 //! - [`core`]: configuration and errors; no I/O.
 //! - [`cuda`]: the CUDA driver loaded at run time (pointer kinds, DMA-BUF export), never required.
 //! - [`log`]: `tracing` events delivered to NCCL's logger (or stderr).
+//! - [`doctor`]: the node checks of `nccl-net-doctor`, judging the plugin's own decisions.
 //! - [`driver`]: the other side of the ABI: a client that loads any ncclNet plugin (v8 to v12)
 //!   and drives it as NCCL does; used by the benchmark, the doctor and the tests.
 
 pub mod abi;
 pub mod core;
 pub mod cuda;
+pub mod doctor;
 pub mod driver;
 pub mod log;
 pub mod plugin;

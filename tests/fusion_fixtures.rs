@@ -56,6 +56,11 @@ impl Fixture {
             link_layer: LinkLayer::Ethernet,
             active_speed: 128, // NDR
             active_width: 2,   // 4x
+            phys_state: 5,
+            active_mtu: 5,
+            max_mtu: 5,
+            lid: 0,
+            sm_lid: 0,
             sys_image_guid: 1,
             max_qp: 1 << 17,
         });

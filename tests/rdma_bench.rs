@@ -18,16 +18,6 @@ fn bench(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-/// The numeric value of `"key":` in one JSON result object.
-fn field(obj: &str, key: &str) -> String {
-    let at = obj
-        .find(&format!("\"{key}\":"))
-        .unwrap_or_else(|| panic!("no {key} in {obj}"))
-        + key.len()
-        + 3;
-    obj[at..].split([',', '}']).next().unwrap().to_owned()
-}
-
 #[test]
 fn sweep_reports_every_size_with_verified_data() {
     assert!(
@@ -52,29 +42,24 @@ fn sweep_reports_every_size_with_verified_data() {
         "--json",
     ]);
     assert!(ok, "benchmark failed:\n{stdout}\n{stderr}");
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(doc["name"], "RsIB", "{stdout}");
     assert!(
-        stdout.contains("\"name\":\"RsIB\"") && stdout.contains("\"device\":\"rxe0"),
+        doc["device"].as_str().unwrap().starts_with("rxe0"),
         "{stdout}"
     );
-    let results = &stdout[stdout.find("\"results\":[").unwrap()..];
-    let rows: Vec<&str> = results.split("{\"size\":").skip(1).collect();
-    let sizes: Vec<u64> = rows
-        .iter()
-        .map(|r| r.split(',').next().unwrap().parse().unwrap())
-        .collect();
+    let rows = doc["results"].as_array().unwrap();
+    let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
     let expected: Vec<u64> = (3..=20).map(|p| 1 << p).collect();
     assert_eq!(
         sizes, expected,
         "one row per power of two from 8 B to 1 MiB"
     );
     for row in rows {
-        assert_eq!(field(row, "verified"), "true", "data not verified: {row}");
-        assert!(
-            field(row, "bw_mb_per_s").parse::<f64>().unwrap() > 0.0,
-            "{row}"
-        );
-        assert!(field(row, "lat_us").parse::<f64>().unwrap() > 0.0, "{row}");
-        assert!(field(row, "iters").parse::<u64>().unwrap() >= 32, "{row}");
+        assert_eq!(row["verified"], true, "data not verified: {row}");
+        assert!(row["bw_mb_per_s"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["lat_us"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["iters"].as_u64().unwrap() >= 32, "{row}");
     }
 }
 

@@ -18,6 +18,8 @@
 #![allow(unsafe_code)]
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+pub mod rendezvous;
+
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::path::Path;
 use std::ptr;
@@ -30,6 +32,7 @@ use crate::abi::types::{
     ncclNetProperties_v11_t, ncclNetProperties_v12_t, ncclNetVDeviceProps_v9_t,
     ncclNetVDeviceProps_v12_t, ncclResult_t,
 };
+pub use crate::abi::types::{NCCL_PTR_CUDA, NCCL_PTR_HOST};
 
 unsafe extern "C" {
     /// `src/driver/logger.c`: prints what NCCL would for `NCCL_DEBUG`.
@@ -41,6 +44,31 @@ unsafe extern "C" {
         fmt: *const c_char,
         ...
     );
+}
+
+unsafe extern "C" {
+    /// `src/driver/logger.c`: copies the last WARN line into `out` (NUL-terminated, truncated
+    /// to `len`) and returns its length, 0 when there was none since the last call.
+    fn rsib_driver_take_warning(out: *mut c_char, len: usize) -> usize;
+    /// `src/driver/logger.c`: 0 = keep WARN lines off stderr (still kept for
+    /// [`last_warning`]), 1 = print them (the default).
+    fn rsib_driver_echo_warnings(on: c_int);
+}
+
+/// The last WARN line any driven plugin logged since the previous call, e.g. the plain-words
+/// cause of a failed completion: a failed call returns only a code, its reason is logged.
+pub fn last_warning() -> Option<String> {
+    let mut buf = [0u8; 4096];
+    // SAFETY: `buf` is writable for its length; the C side writes at most `len` bytes.
+    let n = unsafe { rsib_driver_take_warning(buf.as_mut_ptr().cast(), buf.len()) };
+    (n > 0).then(|| String::from_utf8_lossy(&buf[..n.min(buf.len() - 1)]).into_owned())
+}
+
+/// Print plugins' WARN lines on stderr (the default, as NCCL does) or only keep them for
+/// [`last_warning`] (a tool that reports them itself).
+pub fn echo_warnings(on: bool) {
+    // SAFETY: sets a flag; no preconditions.
+    unsafe { rsib_driver_echo_warnings(c_int::from(on)) };
 }
 
 /// The code returned when the loaded version has no such entry, or cannot express the call.
@@ -267,15 +295,48 @@ impl Driver {
             (11, p) => Table::V11(p.cast()),
             (_, p) => Table::V12(p.cast()),
         };
+        Self::start(table, found.0, options)
+    }
+
+    /// Drive the plugin linked into this program (the tables of [`crate::abi`]), the same code
+    /// NCCL would load from `libnccl-net.so`: what the doctor uses when given no `--plugin`.
+    ///
+    /// # Errors
+    /// An unknown version, or `init` failing.
+    pub fn builtin(options: LoadOptions) -> Result<Self, String> {
+        use crate::abi::{
+            ncclNetPlugin_v8, ncclNetPlugin_v9, ncclNetPlugin_v10, ncclNetPlugin_v11,
+            ncclNetPlugin_v12,
+        };
+        let version = options.version.unwrap_or(VERSIONS[0]);
+        let table = match version {
+            8 => Table::V8(&raw const ncclNetPlugin_v8),
+            9 => Table::V9(&raw const ncclNetPlugin_v9),
+            10 => Table::V10(&raw const ncclNetPlugin_v10),
+            11 => Table::V11(&raw const ncclNetPlugin_v11),
+            12 => Table::V12(&raw const ncclNetPlugin_v12),
+            v => {
+                return Err(format!(
+                    "ncclNet v{v} is not one this driver speaks (8 to 12)"
+                ));
+            }
+        };
+        Self::start(table, version, options)
+    }
+
+    fn start(table: Table, version: u8, options: LoadOptions) -> Result<Self, String> {
         let mut driver = Self {
             table,
-            version: found.0,
+            version,
             options,
             ctx: ptr::null_mut(),
         };
         driver.ctx = driver
             .init_context(options.comm_id, options.traffic_class)
-            .map_err(|rc| format!("init failed with ncclResult {rc}"))?;
+            .map_err(|rc| {
+                let why = last_warning().map(|w| format!(": {w}")).unwrap_or_default();
+                format!("init failed with ncclResult {rc}{why}")
+            })?;
         Ok(driver)
     }
 
@@ -478,10 +539,19 @@ impl Driver {
     /// # Errors
     /// The plugin's code.
     pub fn reg_mr(&self, comm: Ptr, buf: &mut [u8]) -> Result<Ptr, i32> {
-        let mut mh = ptr::null_mut();
-        let (data, len) = (buf.as_mut_ptr().cast(), buf.len());
         // The caller keeps `buf` alive until `dereg_mr`.
-        call!(self, regMr, |f| f(comm, data, len, 1, &mut mh))?;
+        self.reg_mr_raw(comm, buf.as_mut_ptr().cast(), buf.len(), NCCL_PTR_HOST)
+    }
+
+    /// `regMr` of `len` bytes at `data` with NCCL's pointer type (`NCCL_PTR_HOST` 1,
+    /// `NCCL_PTR_CUDA` 2): GPU memory, which has no Rust slice.
+    ///
+    /// # Errors
+    /// The plugin's code.
+    pub fn reg_mr_raw(&self, comm: Ptr, data: Ptr, len: usize, kind: c_int) -> Result<Ptr, i32> {
+        let mut mh = ptr::null_mut();
+        // The caller keeps the memory alive until `dereg_mr`.
+        call!(self, regMr, |f| f(comm, data, len, kind, &mut mh))?;
         Ok(mh)
     }
 
@@ -715,6 +785,83 @@ impl Driver {
                 return Err(late("a request"));
             }
         }
+    }
+
+    /// Send `count` messages of `size` bytes with at most `window` in flight, message `i` from
+    /// `slots[i % slots.len()]`, completing in order; `before_post(i, slot)` runs before each
+    /// post (to write the payload). The caller keeps the slots registered under `mh`.
+    ///
+    /// # Errors
+    /// A line naming the failed call, or that the deadline passed.
+    #[allow(clippy::too_many_arguments)] // the stream's whole shape; a struct would only rename them
+    pub fn send_stream(
+        &self,
+        sc: Ptr,
+        mh: Ptr,
+        slots: &[*mut u8],
+        size: usize,
+        count: usize,
+        window: usize,
+        deadline: Instant,
+        mut before_post: impl FnMut(usize, usize),
+    ) -> Result<(), String> {
+        let mut pending = std::collections::VecDeque::with_capacity(window);
+        for i in 0..count {
+            if pending.len() == window.max(1)
+                && let Some(r) = pending.pop_front()
+            {
+                self.wait(r, deadline)?;
+            }
+            let slot = i % slots.len().max(1);
+            before_post(i, slot);
+            let data = slots[slot];
+            pending.push_back(
+                self.until_started("isend", deadline, || self.isend_step(sc, data, size, 0, mh))?,
+            );
+        }
+        for r in pending {
+            self.wait(r, deadline)?;
+        }
+        Ok(())
+    }
+
+    /// Receive `count` messages of up to `size` bytes with at most `window` in flight, message
+    /// `i` into `slots[i % slots.len()]`; `on_complete(i, slot, received)` runs as each one
+    /// completes, in order (to check the payload, or flush it).
+    ///
+    /// # Errors
+    /// A line naming the failed call, that the deadline passed, or what `on_complete` returned.
+    #[allow(clippy::too_many_arguments)] // as send_stream
+    pub fn recv_stream(
+        &self,
+        rc: Ptr,
+        mh: Ptr,
+        slots: &[*mut u8],
+        size: usize,
+        count: usize,
+        window: usize,
+        deadline: Instant,
+        mut on_complete: impl FnMut(usize, usize, usize) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let nslots = slots.len().max(1);
+        let mut pending = std::collections::VecDeque::with_capacity(window);
+        let mut finish = |(i, r): (usize, Ptr)| -> Result<(), String> {
+            let sizes = self.wait(r, deadline)?;
+            on_complete(i, i % nslots, usize::try_from(sizes[0]).unwrap_or(0))
+        };
+        for i in 0..count {
+            if pending.len() == window.max(1)
+                && let Some(done) = pending.pop_front()
+            {
+                finish(done)?;
+            }
+            let data = slots[i % nslots];
+            let r = self.until_started("irecv", deadline, || {
+                self.irecv_step(rc, &[(data, size, 0, mh)])
+            })?;
+            pending.push_back((i, r));
+        }
+        pending.into_iter().try_for_each(finish)
     }
 
     /// `closeSend`.

@@ -1,5 +1,5 @@
 //! The NCCL devices: one port or a fused group each, with what `getProperties` reports and the
-//! verbs context their comms share; the GPUDirect facts probed once for all of them.
+//! verbs context their comms share.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -8,16 +8,11 @@ use std::sync::Arc;
 use once_cell::sync::{Lazy, OnceCell};
 use parking_lot::Mutex;
 
-use super::PLUGIN_NAME;
+use super::DeviceVerdict;
 use crate::core::config::Config;
 use crate::core::error::Result;
-use crate::log::INIT_TARGET;
-use crate::topology::{
-    DmaBuf, MemorySupport, PeerMem, RelaxedOrderingInputs, SysfsRoot, VirtualDevice,
-    detect_hypervisor, gdr_verdict, relaxed_ordering,
-};
+use crate::topology::{MemorySupport, SysfsRoot, VirtualDevice};
 use crate::transport::DeviceContext;
-use crate::verbs;
 
 /// One NCCL device. Its strings are interned: NCCL keeps the pointers `getProperties` returned
 /// for the life of the process, even across a `finalize` that drops the device table.
@@ -53,42 +48,21 @@ fn intern(s: &[u8]) -> &'static CStr {
 }
 
 impl Device {
-    /// Describe `virt`, made of the physical devices `physical`, probing DMA-BUF on its members
-    /// and logging its GPUDirect and relaxed-ordering verdicts.
-    pub(super) fn new(
-        virt: VirtualDevice,
-        physical: Vec<usize>,
-        gpu: &GpuContext,
-        config: &Config,
-    ) -> Self {
+    /// The device `init` (or `makeVDevice`) judged in `verdict`, made of the physical devices
+    /// `physical`.
+    pub(super) fn new(verdict: DeviceVerdict, physical: Vec<usize>) -> Self {
+        let virt = verdict.virt;
         let c_name = intern(virt.name().as_bytes());
         let c_pci_path = virt
             .pci_path()
             .map(|p| intern(p.as_os_str().as_encoded_bytes()));
-        let dmabuf = probe_dmabuf(&virt, config);
-        let (memory, line) = gdr_verdict(&virt.name(), gpu.cuda.clone(), &gpu.peermem, &dmabuf);
-        tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: {line}");
-        let relaxed_ordering = virt
-            .members
-            .iter()
-            .map(|member| {
-                let (on, line) = relaxed_ordering(&RelaxedOrderingInputs {
-                    setting: config.relaxed_ordering,
-                    is_vf: member.pci.as_ref().is_some_and(|f| f.is_vf()),
-                    hypervisor: gpu.hypervisor.clone(),
-                    reg_mr_iova2: gpu.reg_mr_iova2,
-                });
-                tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: {}: {line}", member.name);
-                on
-            })
-            .collect();
         Self {
             virt,
             physical,
             c_name,
             c_pci_path,
-            memory,
-            relaxed_ordering,
+            memory: verdict.memory,
+            relaxed_ordering: verdict.relaxed_ordering.iter().map(|(on, _)| *on).collect(),
             context: OnceCell::new(),
         }
     }
@@ -116,66 +90,12 @@ impl Device {
             .iter()
             .map(|n| format!("{}:{}", n.device, n.port))
             .collect();
-        let m = self.memory;
-        let memory = [(m.host, "host"), (m.cuda, "cuda"), (m.dmabuf, "dmabuf")]
-            .iter()
-            .filter(|(on, _)| *on)
-            .map(|(_, name)| *name)
-            .collect::<Vec<_>>()
-            .join("+");
         format!(
-            "[{index}]{}/{} {}Mbps {memory}",
+            "[{index}]{}/{} {}Mbps {}",
             ports.join("+"),
             self.virt.first().link_layer,
-            self.virt.speed_mbps()
+            self.virt.speed_mbps(),
+            self.memory.kinds()
         )
     }
-}
-
-/// What GPUDirect RDMA and relaxed ordering depend on beyond the device itself, probed once.
-#[derive(Debug)]
-pub(super) struct GpuContext {
-    cuda: std::result::Result<(), String>,
-    peermem: PeerMem,
-    hypervisor: Option<String>,
-    reg_mr_iova2: bool,
-}
-
-impl GpuContext {
-    pub(super) fn probe(sysfs: &SysfsRoot) -> Self {
-        let cuda = crate::cuda::driver().map_err(|e| e.to_string());
-        if let Err(why) = &cuda {
-            tracing::info!(
-                target: INIT_TARGET,
-                "NET/{PLUGIN_NAME}: no CUDA driver ({why}): every device registers host memory only"
-            );
-        }
-        let read = |path: &str| std::fs::read_to_string(path).ok();
-        Self {
-            cuda,
-            peermem: PeerMem::detect(sysfs, read("/proc/modules").as_deref()),
-            hypervisor: detect_hypervisor(sysfs, read("/proc/cpuinfo").as_deref()),
-            reg_mr_iova2: verbs::reg_mr_iova2_available(),
-        }
-    }
-}
-
-/// Probe DMA-BUF registration on every member: the device supports it when all members do.
-fn probe_dmabuf(virt: &VirtualDevice, config: &Config) -> DmaBuf {
-    if !config.dmabuf_enabled {
-        return DmaBuf::Disabled;
-    }
-    for member in &virt.members {
-        let probed = verbs::Device::open(&member.device)
-            .and_then(|device| verbs::ProtectionDomain::new(&device))
-            .map_err(|e| e.to_string())
-            .and_then(|pd| {
-                pd.probe_dmabuf()
-                    .map_err(|e| format!("ibv_reg_dmabuf_mr: {e}"))
-            });
-        if let Err(why) = probed {
-            return DmaBuf::Unsupported(format!("{}: {why}", member.name));
-        }
-    }
-    DmaBuf::Supported
 }

@@ -13,6 +13,7 @@
 
 mod context;
 mod device;
+mod survey;
 
 use std::sync::Arc;
 
@@ -20,32 +21,22 @@ use parking_lot::RwLock;
 
 pub use self::context::{CommContext, Flows, NetHints, RawNetAttr, traffic_class_of};
 pub use self::device::Device;
-use self::device::GpuContext;
-use crate::core::config::{Config, MAX_FUSED_MEMBERS};
+pub use self::survey::{
+    DeviceModel, DeviceVerdict, DmaBufProbe, GpuFacts, Survey, fusion_policy, probe_dmabuf_live,
+};
+use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::log::{self, INIT_TARGET};
 pub use crate::topology::MemorySupport;
-use crate::topology::{
-    FusionPolicy, HcaFilter, LinkLayer, NetDevice, Selection, SysfsRoot, VirtualDevice, fuse,
-    fuse_listed, physical_then_explicit, select_devices, select_gid,
-};
+use crate::topology::{LinkLayer, NetDevice, SysfsRoot, VirtualDevice, fuse_listed, select_gid};
 use crate::transport::DeviceContext;
-use crate::verbs::{self, Discovery};
+use crate::verbs;
 
 /// Name NCCL shows and matches against `NCCL_NET` (case-insensitively).
 pub const PLUGIN_NAME: &str = "RsIB";
 
 /// Largest `n` accepted by a grouped `irecv` (NCCL's own IB transport uses 8).
 pub const MAX_GROUPED_RECVS: u32 = 8;
-
-/// How the device table is made (see the module doc).
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum DeviceModel {
-    /// ncclNet v8: the ports of one NIC fused at init.
-    Fused,
-    /// ncclNet v9+: one device per port; NCCL fuses through `makeVDevice`.
-    Ports,
-}
 
 /// The initialised plugin.
 #[derive(Debug)]
@@ -55,7 +46,7 @@ pub struct Plugin {
     /// Ports at the head of the table under [`DeviceModel::Ports`] (what `makeVDevice` fuses).
     ports: Vec<NetDevice>,
     devices: RwLock<Vec<Arc<Device>>>,
-    gpu: GpuContext,
+    gpu: GpuFacts,
 }
 
 /// The current state and who holds it.
@@ -225,7 +216,7 @@ impl Plugin {
             .map(|p| p.name.as_str())
             .collect::<Vec<_>>()
             .join("+");
-        let virt = fuse_listed(&ports, &self.fusion_policy(max_members)).map_err(|why| {
+        let virt = fuse_listed(&ports, &fusion_policy(&self.config, max_members)).map_err(|why| {
             tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: fusion {label} refused: {why}");
             Error::config(format!("makeVDevice {label} refused: {why}"))
         })?;
@@ -234,55 +225,39 @@ impl Plugin {
             "NET/{PLUGIN_NAME}: fusion: fused {label} ({} Mbps): makeVDevice",
             virt.speed_mbps()
         );
-        let device = Arc::new(Device::new(virt, physical, &self.gpu, &self.config));
+        let verdict = DeviceVerdict::judge(virt, &self.gpu, &self.config, &probe_dmabuf_live);
+        verdict.log();
+        let device = Arc::new(Device::new(verdict, physical));
         let mut devices = self.devices.write();
         devices.push(device);
         Ok(i32::try_from(devices.len() - 1).unwrap_or(i32::MAX))
     }
 
-    fn fusion_policy(&self, max_members: usize) -> FusionPolicy {
-        FusionPolicy {
-            merge_nics: self.config.merge_nics,
-            merge_vfs: self.config.merge_vfs,
-            explicit: self.config.fuse.clone(),
-            max_members,
-        }
-    }
-
     fn discover(config: Config, model: DeviceModel, sysfs: &SysfsRoot) -> Self {
-        let gpu = GpuContext::probe(sysfs);
+        let gpu = GpuFacts::probe(sysfs, std::path::Path::new("/proc"));
+        let survey = Survey::take(
+            &config,
+            model,
+            sysfs,
+            verbs::discover_ports(),
+            &gpu,
+            &probe_dmabuf_live,
+        );
+        survey.log(&gpu);
         let mut plugin = Self {
             config,
             model,
-            ports: Vec::new(),
+            ports: survey.ports,
             devices: RwLock::new(Vec::new()),
             gpu,
         };
-        let selection = match Self::select(&plugin.config, sysfs) {
-            Ok(selection) => selection,
-            Err(why) => {
-                tracing::warn!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: 0 devices: {why}");
-                return plugin;
-            }
-        };
-        let policy = plugin.fusion_policy(MAX_FUSED_MEMBERS);
-        let fusion = match model {
-            DeviceModel::Fused => fuse(selection.devices, &policy),
-            DeviceModel::Ports => {
-                plugin.ports = selection.devices.clone();
-                physical_then_explicit(selection.devices, &policy)
-            }
-        };
-        for decision in &fusion.decisions {
-            tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: fusion: {decision}");
-        }
-        let devices = fusion
+        let devices = survey
             .devices
             .into_iter()
             .enumerate()
-            .map(|(i, virt)| {
-                let physical = plugin.physical_indices(i, &virt);
-                Arc::new(Device::new(virt, physical, &plugin.gpu, &plugin.config))
+            .map(|(i, verdict)| {
+                let physical = plugin.physical_indices(i, &verdict.virt);
+                Arc::new(Device::new(verdict, physical))
             })
             .collect();
         plugin.devices = RwLock::new(devices);
@@ -299,30 +274,6 @@ impl Plugin {
             .iter()
             .filter_map(|m| self.ports.iter().position(|p| p.name == m.name))
             .collect()
-    }
-
-    /// Discover and select; `Err` carries the one line that explains an empty device list.
-    fn select(config: &Config, sysfs: &SysfsRoot) -> std::result::Result<Selection, String> {
-        let filter = match config.ib_hca.as_deref().map(HcaFilter::parse).transpose() {
-            Ok(f) => f,
-            Err(e) => return Err(e.to_string()),
-        };
-        let discovery = verbs::discover_ports().map_err(|e| explain_discovery_failure(&e))?;
-        for problem in &discovery.problems {
-            tracing::warn!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: {problem}");
-        }
-        let selection = select_devices(&discovery.ports, filter.as_ref(), sysfs);
-        if selection.devices.is_empty() {
-            return Err(explain_empty_selection(
-                &discovery,
-                &selection,
-                filter.as_ref(),
-            ));
-        }
-        if !selection.skipped.is_empty() {
-            tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: not used: {}", selection.skipped.join("; "));
-        }
-        Ok(selection)
     }
 
     /// `NCCL_IB_GID_INDEX` names one GID index for every RoCE port: refuse it here, naming the
@@ -366,36 +317,5 @@ impl Plugin {
             env!("CARGO_PKG_VERSION"),
             list.join(" ")
         );
-    }
-}
-
-fn explain_discovery_failure(error: &Error) -> String {
-    let hint = match error.os_error().and_then(std::io::Error::raw_os_error) {
-        Some(libc::ENOSYS) => {
-            "; this kernel has no RDMA support (no /sys/class/infiniband): load the NIC's RDMA \
-             driver (mlx5_ib), or rdma_rxe for Soft-RoCE"
-        }
-        _ => "",
-    };
-    format!("no RDMA devices: {error}{hint}")
-}
-
-fn explain_empty_selection(
-    discovery: &Discovery,
-    selection: &Selection,
-    filter: Option<&HcaFilter>,
-) -> String {
-    if discovery.device_count == 0 {
-        return "no RDMA devices: libibverbs found none (check `ibv_devices`, the RDMA driver, and \
-                that the provider package, e.g. ibverbs-providers, is installed)"
-            .to_owned();
-    }
-    let ports = selection.skipped.join("; ");
-    match filter {
-        Some(f) => format!(
-            "NCCL_IB_HCA='{}' matches no active port ({ports})",
-            f.as_str()
-        ),
-        None => format!("no active IB/RoCE port ({ports})"),
     }
 }

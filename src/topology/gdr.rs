@@ -112,6 +112,22 @@ pub struct MemorySupport {
     pub dmabuf: bool,
 }
 
+impl MemorySupport {
+    /// `host`, `host+cuda`, `host+cuda+dmabuf`: the kinds a device registers.
+    pub fn kinds(&self) -> String {
+        [
+            (self.host, "host"),
+            (self.cuda, "cuda"),
+            (self.dmabuf, "dmabuf"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, name)| *name)
+        .collect::<Vec<_>>()
+        .join("+")
+    }
+}
+
 /// What the DMA-BUF probe of a device found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DmaBuf {

@@ -76,7 +76,132 @@ pub fn parse_gid(text: &str) -> Option<[u8; 16]> {
     Some(gid)
 }
 
-/// Choose the GID for a RoCE port among its populated entries.
+/// One entry of a port's GID table as selection saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GidCandidate {
+    /// The entry.
+    pub entry: GidEntry,
+    /// Why it was passed over; `None` for the chosen entry.
+    pub rejected: Option<String>,
+}
+
+/// The outcome of GID selection on one port, with the reasons: what `listen` uses and what the
+/// doctor's dry run prints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GidChoice {
+    /// The chosen entry, or why there is none.
+    pub chosen: Result<GidEntry, String>,
+    /// Every populated entry, in index order.
+    pub candidates: Vec<GidCandidate>,
+    /// How the chosen entry falls short of the preferences (link-local, other family, other
+    /// RoCE version); empty when it meets them all.
+    pub shortfalls: Vec<String>,
+}
+
+/// The preferences an entry misses, in the order selection weighs them.
+fn shortfalls(e: &GidEntry, family: AddrFamily, roce_version: u32) -> [Option<String>; 3] {
+    let family_name = |f: AddrFamily| match f {
+        AddrFamily::V4 => "AF_INET",
+        AddrFamily::V6 => "AF_INET6",
+    };
+    [
+        e.is_link_local()
+            .then(|| "link-local (fe80::/10, not routable beyond the link)".to_owned()),
+        (e.family() != family).then(|| {
+            format!(
+                "{}, NCCL_IB_ADDR_FAMILY prefers {}",
+                family_name(e.family()),
+                family_name(family)
+            )
+        }),
+        match e.roce_version {
+            Some(v) if u32::from(v) == roce_version => None,
+            Some(v) => Some(format!(
+                "RoCE v{v}, NCCL_IB_ROCE_VERSION_NUM prefers v{roce_version}"
+            )),
+            None => Some(
+                "RoCE version unreadable (gid_attrs/types; in a container: a GID of another \
+                 network namespace)"
+                    .to_owned(),
+            ),
+        },
+    ]
+}
+
+/// Choose the GID for a RoCE port among its populated entries: `fixed_index` when set,
+/// otherwise the best by (routable, preferred family, preferred RoCE version, lowest index);
+/// a port without the preferred family falls back to the other one rather than failing.
+pub fn choose_gid(
+    entries: &[GidEntry],
+    fixed_index: Option<u32>,
+    family: AddrFamily,
+    roce_version: u32,
+) -> GidChoice {
+    let populated: Vec<&GidEntry> = entries.iter().filter(|e| e.gid != [0; 16]).collect();
+    let misses = |e: &GidEntry| shortfalls(e, family, roce_version);
+    let rank = |e: &GidEntry| {
+        let [link_local, other_family, other_version] = misses(e);
+        (
+            link_local.is_none(),
+            other_family.is_none(),
+            other_version.is_none(),
+            std::cmp::Reverse(e.index),
+        )
+    };
+    let chosen = match fixed_index {
+        Some(index) => populated
+            .iter()
+            .find(|e| e.index == index)
+            .map(|e| (*e).clone())
+            .ok_or_else(|| {
+                let table: Vec<String> = populated.iter().map(ToString::to_string).collect();
+                format!(
+                    "NCCL_IB_GID_INDEX={index} is not a populated GID (table: {})",
+                    table.join(", ")
+                )
+            }),
+        None => populated
+            .iter()
+            .max_by_key(|e| rank(e))
+            .map(|e| (*e).clone())
+            .ok_or_else(|| "the port has no populated GID".to_owned()),
+    };
+    let candidates = populated
+        .iter()
+        .map(|e| {
+            let rejected = match (&chosen, fixed_index) {
+                (Ok(c), _) if c.index == e.index => None,
+                (_, Some(index)) => Some(format!("NCCL_IB_GID_INDEX={index} pins another entry")),
+                (Ok(c), None) => {
+                    let (mine, best) = (misses(e), misses(c));
+                    let reason = mine
+                        .into_iter()
+                        .zip(best)
+                        .find_map(|(m, b)| m.filter(|_| b.is_none()));
+                    Some(reason.unwrap_or_else(|| {
+                        format!("as good as GID index {}, which comes first", c.index)
+                    }))
+                }
+                (Err(_), None) => None,
+            };
+            GidCandidate {
+                entry: (*e).clone(),
+                rejected,
+            }
+        })
+        .collect();
+    let shortfalls = chosen
+        .as_ref()
+        .map(|c| misses(c).into_iter().flatten().collect())
+        .unwrap_or_default();
+    GidChoice {
+        chosen,
+        candidates,
+        shortfalls,
+    }
+}
+
+/// [`choose_gid`]'s chosen entry.
 ///
 /// # Errors
 /// A message naming the port's table when the requested index is absent or no entry is usable.
@@ -86,39 +211,7 @@ pub fn select_gid(
     family: AddrFamily,
     roce_version: u32,
 ) -> Result<GidEntry, String> {
-    let listing = || {
-        entries
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    if let Some(index) = fixed_index {
-        return entries
-            .iter()
-            .find(|e| e.index == index)
-            .cloned()
-            .ok_or_else(|| {
-                format!(
-                    "NCCL_IB_GID_INDEX={index} is not a populated GID (table: {})",
-                    listing()
-                )
-            });
-    }
-    let rank = |e: &GidEntry| {
-        (
-            !e.is_link_local(),
-            e.family() == family,
-            e.roce_version.map(u32::from) == Some(roce_version),
-            std::cmp::Reverse(e.index),
-        )
-    };
-    entries
-        .iter()
-        .filter(|e| e.gid != [0; 16])
-        .max_by_key(|e| rank(e))
-        .cloned()
-        .ok_or_else(|| "the port has no populated GID".to_owned())
+    choose_gid(entries, fixed_index, family, roce_version).chosen
 }
 
 #[cfg(test)]
@@ -237,5 +330,61 @@ mod tests {
             "{e}"
         );
         assert!(select_gid(&[], None, AddrFamily::V4, 2).is_err());
+    }
+
+    #[test]
+    fn every_candidate_passed_over_has_a_reason() {
+        let choice = choose_gid(&cx7_table(), None, AddrFamily::V4, 2);
+        assert_eq!(choice.chosen.as_ref().unwrap().index, 3);
+        assert!(choice.shortfalls.is_empty());
+        let reasons: Vec<(u32, Option<&str>)> = choice
+            .candidates
+            .iter()
+            .map(|c| (c.entry.index, c.rejected.as_deref()))
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                (
+                    0,
+                    Some("link-local (fe80::/10, not routable beyond the link)")
+                ),
+                (
+                    1,
+                    Some("link-local (fe80::/10, not routable beyond the link)")
+                ),
+                (2, Some("RoCE v1, NCCL_IB_ROCE_VERSION_NUM prefers v2")),
+                (3, None),
+                (4, Some("AF_INET6, NCCL_IB_ADDR_FAMILY prefers AF_INET")),
+                (5, Some("AF_INET6, NCCL_IB_ADDR_FAMILY prefers AF_INET")),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_fallback_or_pinned_choice_reports_its_shortfalls() {
+        let v6_only: Vec<GidEntry> = cx7_table()
+            .into_iter()
+            .filter(|e| e.family() == AddrFamily::V6)
+            .collect();
+        let choice = choose_gid(&v6_only, None, AddrFamily::V4, 2);
+        assert_eq!(choice.chosen.unwrap().index, 5);
+        assert_eq!(
+            choice.shortfalls,
+            ["AF_INET6, NCCL_IB_ADDR_FAMILY prefers AF_INET"]
+        );
+
+        let pinned = choose_gid(&cx7_table(), Some(0), AddrFamily::V4, 2);
+        assert_eq!(pinned.shortfalls.len(), 3, "{:?}", pinned.shortfalls);
+        assert_eq!(
+            pinned.candidates[3].rejected.as_deref(),
+            Some("NCCL_IB_GID_INDEX=0 pins another entry")
+        );
+
+        let mut unreadable = rxe_table();
+        unreadable[1].roce_version = None;
+        let choice = choose_gid(&unreadable, None, AddrFamily::V4, 2);
+        assert_eq!(choice.chosen.unwrap().index, 1);
+        assert!(choice.shortfalls[0].contains("another network namespace"));
     }
 }

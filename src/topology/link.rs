@@ -52,6 +52,14 @@ pub fn link_speed_mbps(active_speed: u32, active_width: u8) -> u32 {
     pick(active_speed, &LANE_MBPS) * pick(u32::from(active_width), &LANES)
 }
 
+/// Bytes of an `ibv_mtu` code (1 = 256 .. 5 = 4096); 0 for an unknown code.
+pub fn mtu_bytes(code: u8) -> u32 {
+    match code {
+        1..=5 => 128 << code,
+        _ => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,6 +77,11 @@ mod tests {
     fn unknown_codes_take_the_last_entry() {
         assert_eq!(link_speed_mbps(1 << 12, 1), 200_000);
         assert_eq!(link_speed_mbps(1, 1 << 6), 2 * 2_500);
+    }
+
+    #[test]
+    fn mtu_codes() {
+        assert_eq!([1, 3, 5, 0, 6].map(mtu_bytes), [256, 1024, 4096, 0, 0]);
     }
 
     #[test]

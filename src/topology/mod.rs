@@ -20,9 +20,13 @@ pub use gdr::{
     DmaBuf, MemorySupport, PeerMem, RelaxedOrderingInputs, detect_hypervisor, gdr_verdict,
     relaxed_ordering,
 };
-pub use gid::{GidEntry, parse_gid, parse_roce_version, select_gid};
+pub use gid::{
+    GidCandidate, GidChoice, GidEntry, choose_gid, parse_gid, parse_roce_version, select_gid,
+};
 pub use hca_filter::HcaFilter;
-pub use link::{LinkLayer, link_speed_mbps};
+pub use link::{LinkLayer, link_speed_mbps, mtu_bytes};
 pub use pci::{BadPciAddress, PciAddress, PciFunction};
-pub use select::{HcaPort, NetDevice, PORT_ACTIVE, Selection, port_state_name, select_devices};
+pub use select::{
+    HcaPort, NetDevice, PORT_ACTIVE, Selection, phys_state_name, port_state_name, select_devices,
+};
 pub use sysfs::SysfsRoot;

@@ -19,6 +19,16 @@ pub struct HcaPort {
     pub active_speed: u32,
     /// `ibv_port_attr.active_width` code.
     pub active_width: u8,
+    /// `ibv_port_attr.phys_state` (5 = LinkUp, 2 = Polling).
+    pub phys_state: u8,
+    /// `ibv_port_attr.active_mtu` (`ibv_mtu` code: 1 = 256 .. 5 = 4096).
+    pub active_mtu: u8,
+    /// `ibv_port_attr.max_mtu` (`ibv_mtu` code).
+    pub max_mtu: u8,
+    /// `ibv_port_attr.lid` (InfiniBand; 0 until a subnet manager assigns one).
+    pub lid: u16,
+    /// `ibv_port_attr.sm_lid` (InfiniBand; 0 without a subnet manager).
+    pub sm_lid: u16,
     /// `ibv_device_attr.sys_image_guid`, in host byte order.
     pub sys_image_guid: u64,
     /// `ibv_device_attr.max_qp`.
@@ -71,6 +81,20 @@ pub fn port_state_name(state: u32) -> &'static str {
         4 => "ACTIVE",
         5 => "ACTIVE_DEFER",
         _ => "NOP",
+    }
+}
+
+/// An `ibv_port_attr.phys_state` by its IBTA name.
+pub fn phys_state_name(state: u8) -> &'static str {
+    match state {
+        1 => "Sleep",
+        2 => "Polling",
+        3 => "Disabled",
+        4 => "PortConfigurationTraining",
+        5 => "LinkUp",
+        6 => "LinkErrorRecovery",
+        7 => "PhyTest",
+        _ => "NoStateChange",
     }
 }
 
@@ -145,6 +169,11 @@ mod tests {
             link_layer: LinkLayer::Ethernet,
             active_speed: 1,
             active_width: 1,
+            phys_state: 5,
+            active_mtu: 3,
+            max_mtu: 5,
+            lid: 0,
+            sm_lid: 0,
             sys_image_guid: 0x0200_00ff_fe00_0000,
             max_qp: 1024,
         }

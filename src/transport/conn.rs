@@ -32,6 +32,27 @@ pub(super) const RECV_QP_CAPS: QpCaps = QpCaps {
     max_send_wr: (2 * SLOTS) as u32,
     max_recv_wr: SLOTS as u32,
 };
+/// Bytes per work-queue entry in the pinned-memory estimate: the basic WQE stride of mlx5,
+/// whose queues live in user memory the kernel pins (rxe keeps its queues in kernel memory).
+const WQE_BYTES: u64 = 64;
+
+/// Host memory a send comm and a receive comm (one peer, both directions) pin on a device of
+/// `members` ports: the control rings exactly, page-rounded, plus the work queues at
+/// `WQE_BYTES` per entry. NCCL's own staging buffers come on top (the doctor adds them).
+pub fn pinned_bytes_per_connection(config: &Config, members: usize) -> u64 {
+    const PAGE: u64 = 4096;
+    let region = |bytes: usize| (bytes as u64).div_ceil(PAGE) * PAGE;
+    let queue = |caps: QpCaps| u64::from(caps.max_send_wr + caps.max_recv_wr) * WQE_BYTES;
+    let qps = (members as u64) * u64::from(config.qps_per_connection);
+    let send = region(CTS_RING_BYTES) + region(SIZES_RING_BYTES) + qps * queue(SEND_QP_CAPS);
+    let mut recv = region(SIZES_RING_BYTES) + region(CTS_RING_BYTES) + qps * queue(RECV_QP_CAPS);
+    if config.flush_enabled {
+        // One flush QP and a 64-byte scratch region per member.
+        recv += members as u64 * (queue(RECV_QP_CAPS) + region(64));
+    }
+    send + recv
+}
+
 /// Every n-th CTS write is signaled so the receiver's send queue drains.
 pub(super) const CTS_SIGNAL_EVERY: u64 = 8;
 
@@ -448,4 +469,26 @@ pub(super) fn completion_error(
             c.qp_num
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_footprint_counts_rings_queues_and_flush() {
+        let config = Config::default();
+        // Send: CTS ring 32 x 8 x 64 B = 4 pages, sizes 2048 B -> 1 page, 1089 WQEs of 64 B.
+        let send = 4 * 4096 + 4096 + 1089 * 64;
+        // Receive: the same rings, 96 WQEs; flush: 96 WQEs and one scratch page.
+        let recv = 4096 + 4 * 4096 + 96 * 64 + (96 * 64 + 4096);
+        assert_eq!(pinned_bytes_per_connection(&config, 1), send + recv);
+        let no_flush = Config {
+            flush_enabled: false,
+            qps_per_connection: 2,
+            ..Config::default()
+        };
+        let two = pinned_bytes_per_connection(&no_flush, 2);
+        assert_eq!(two, 2 * (5 * 4096) + 4 * (1089 + 96) * 64);
+    }
 }

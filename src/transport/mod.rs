@@ -16,7 +16,7 @@ mod send;
 mod watch;
 mod wire_io;
 
-pub use conn::random_u64;
+pub use conn::{pinned_bytes_per_connection, random_u64};
 pub use context::{DeviceContext, PortContext, choose_oob_address};
 pub use listen::ListenComm;
 pub use mr::{MrCache, MrHandle};

@@ -13,7 +13,7 @@ use crate::core::error::{Error, Result};
 use crate::topology::{HcaPort, LinkLayer};
 
 /// Every port of every RDMA device libibverbs knows, plus what could not be queried.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Discovery {
     /// All ports, active or not; the topology layer decides which to use.
     pub ports: Vec<HcaPort>,
@@ -62,6 +62,11 @@ pub fn discover_ports() -> Result<Discovery> {
                     link_layer: LinkLayer::from_code(p.link_layer),
                     active_speed: u32::from(p.active_speed),
                     active_width: p.active_width,
+                    phys_state: p.phys_state,
+                    active_mtu: p.active_mtu,
+                    max_mtu: p.max_mtu,
+                    lid: p.lid,
+                    sm_lid: p.sm_lid,
                     sys_image_guid: u64::from_be(attr.sys_image_guid),
                     max_qp: u32::try_from(attr.max_qp).unwrap_or(0),
                 }),
@@ -178,6 +183,9 @@ struct PortAttr {
     link_layer: u8,
     active_speed: u8,
     active_width: u8,
+    phys_state: u8,
+    max_mtu: u8,
+    sm_lid: u16,
 }
 
 impl Device {
@@ -259,6 +267,9 @@ impl Device {
             link_layer: attr.link_layer,
             active_speed: attr.active_speed,
             active_width: attr.active_width,
+            phys_state: attr.phys_state,
+            max_mtu: u8::try_from(attr.max_mtu).unwrap_or(0),
+            sm_lid: attr.sm_lid,
         })
     }
 }

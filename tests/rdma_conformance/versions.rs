@@ -130,7 +130,8 @@ fn contexts_come_and_go_with_communicators(cx: &mut Cx) {
     cx.net.close_recv(rc);
     let third = net.init_context(3, -1).unwrap();
     assert_eq!(net.devices(), Ok(devices), "a new init discovers again");
-    assert!(!third.is_null() && third != second, "a fresh context");
+    // Not compared with `second`: the allocator may hand the freed address out again.
+    assert!(!third.is_null(), "a fresh context");
     net.finalize_context(third).unwrap();
     assert_eq!(
         net.init_context(4, 256),

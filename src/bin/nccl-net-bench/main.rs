@@ -6,11 +6,7 @@
 //! registered once, the message rate of that run, ping-pong latency, and CPU time per GB on both
 //! sides; optionally every byte is verified.
 //!
-//! ```text
-//! nccl-net-bench --plugin PATH [--abi 8..12] [--dev INDEX|NAME] [--min BYTES] [--max BYTES]
-//!                [--inflight N] [--bytes BYTES] [--iters N] [--lat-iters N] [--verify] [--json]
-//!                [--role both|server|client] [--rendezvous HOST:PORT]
-//! ```
+//! `nccl-net-bench --help` lists the options.
 //! The plugin is driven through `nccl_net::driver`: the highest ncclNet version it exports
 //! (or `--abi N`), with a logger at `init`, as NCCL does.
 //! `--role both` (default) runs rank 1 as a child process on this node over loopback. On two
@@ -23,28 +19,61 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use nccl_net::driver::{Driver, Handle, LoadOptions, Ptr, fill_pattern};
+use clap::{Parser, ValueEnum};
+use nccl_net::driver::{Driver, Handle, LoadOptions, Ptr, fill_pattern, rendezvous};
+use serde_json::json;
 
-#[derive(Clone, Debug)]
+/// Measure any ncclNet plugin (v8 to v12) the way NCCL drives it.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "nccl-net-bench", version)]
 struct Options {
+    /// The plugin library to load (libnccl-net.so of any ncclNet plugin).
+    #[arg(long)]
     plugin: PathBuf,
+    /// ncclNet version to drive; default: the highest the library exports.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(8..=12))]
     abi: Option<u8>,
+    /// Plugin device, by index or name.
+    #[arg(long, default_value = "0")]
     dev: String,
+    /// Smallest message (8, 64K, 16M).
+    #[arg(long, default_value = "8", value_parser = parse_size)]
     min: usize,
+    /// Largest message.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
     max: usize,
-    inflight: usize,
+    /// Requests in flight in the bandwidth phase (1..=32, NCCL_NET_MAX_REQUESTS).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=32))]
+    inflight: u32,
+    /// Bytes moved per size (sets the iteration count).
+    #[arg(long = "bytes", default_value = "256M", value_parser = parse_size)]
     bytes_per_size: usize,
+    /// Fixed bandwidth iterations per size.
+    #[arg(long)]
     iters: Option<usize>,
+    /// Fixed ping-pong iterations per size.
+    #[arg(long)]
     lat_iters: Option<usize>,
+    /// Check every received byte.
+    #[arg(long)]
     verify: bool,
+    /// One JSON object instead of the table.
+    #[arg(long)]
     json: bool,
-    role: String,
+    /// `both` runs the receiver as a child process on this node.
+    #[arg(long, value_enum, default_value_t = Role::Both)]
+    role: Role,
+    /// TCP address of the rendezvous (server: bind; client: connect).
+    #[arg(long, default_value = "127.0.0.1:0")]
     rendezvous: String,
 }
 
-const USAGE: &str = "usage: nccl-net-bench --plugin PATH [--abi 8..12] [--dev INDEX|NAME] [--min BYTES] [--max BYTES] \
-[--inflight N] [--bytes BYTES] [--iters N] [--lat-iters N] [--verify] [--json] \
-[--role both|server|client] [--rendezvous HOST:PORT]";
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Role {
+    Both,
+    Server,
+    Client,
+}
 
 fn parse_size(s: &str) -> Result<usize, String> {
     let (digits, mult) = match s.chars().last() {
@@ -55,76 +84,22 @@ fn parse_size(s: &str) -> Result<usize, String> {
     };
     digits
         .parse::<usize>()
-        .map(|d| d * mult)
-        .map_err(|_| format!("'{s}' is not a size (e.g. 8, 64K, 16M)"))
+        .ok()
+        .and_then(|d| d.checked_mul(mult))
+        .ok_or_else(|| format!("'{s}' is not a size (e.g. 8, 64K, 16M)"))
 }
 
-fn parse_args(args: &[String]) -> Result<Options, String> {
-    let mut o = Options {
-        plugin: PathBuf::new(),
-        abi: None,
-        dev: "0".into(),
-        min: 8,
-        max: 64 << 20,
-        inflight: 8,
-        bytes_per_size: 256 << 20,
-        iters: None,
-        lat_iters: None,
-        verify: false,
-        json: false,
-        role: "both".into(),
-        rendezvous: "127.0.0.1:0".into(),
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "--plugin" => o.plugin = PathBuf::from(value()?),
-            "--abi" => {
-                o.abi = Some(
-                    value()?
-                        .parse()
-                        .ok()
-                        .filter(|v| (8..=12).contains(v))
-                        .ok_or("--abi takes a version from 8 to 12")?,
-                )
-            }
-            "--dev" => o.dev = value()?,
-            "--min" => o.min = parse_size(&value()?)?,
-            "--max" => o.max = parse_size(&value()?)?,
-            "--inflight" => {
-                o.inflight = value()?.parse().map_err(|_| "--inflight takes a number")?
-            }
-            "--bytes" => o.bytes_per_size = parse_size(&value()?)?,
-            "--iters" => o.iters = Some(value()?.parse().map_err(|_| "--iters takes a number")?),
-            "--lat-iters" => {
-                o.lat_iters = Some(value()?.parse().map_err(|_| "--lat-iters takes a number")?)
-            }
-            "--verify" => o.verify = true,
-            "--json" => o.json = true,
-            "--role" => o.role = value()?,
-            "--rendezvous" => o.rendezvous = value()?,
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other}\n{USAGE}")),
+impl Options {
+    fn check(self) -> Result<Self, String> {
+        if self.min == 0 || self.min > self.max || self.max > i32::MAX as usize {
+            return Err("sizes must satisfy 0 < --min <= --max < 2 GiB".into());
         }
+        Ok(self)
     }
-    if o.plugin.as_os_str().is_empty() {
-        return Err(format!("--plugin is required\n{USAGE}"));
+
+    fn window(&self) -> usize {
+        self.inflight as usize
     }
-    if o.min == 0 || o.min > o.max || o.max > i32::MAX as usize {
-        return Err("sizes must satisfy 0 < --min <= --max < 2 GiB".into());
-    }
-    if !(1..=32).contains(&o.inflight) {
-        return Err("--inflight must be 1..=32 (NCCL_NET_MAX_REQUESTS)".into());
-    }
-    if !["both", "server", "client"].contains(&o.role.as_str()) {
-        return Err(format!("--role must be both, server or client\n{USAGE}"));
-    }
-    Ok(o)
 }
 
 fn sizes(o: &Options) -> Vec<usize> {
@@ -139,7 +114,7 @@ fn sizes(o: &Options) -> Vec<usize> {
 
 fn bw_iters(o: &Options, size: usize) -> usize {
     o.iters
-        .unwrap_or_else(|| (o.bytes_per_size / size).clamp(4 * o.inflight, 2000))
+        .unwrap_or_else(|| (o.bytes_per_size / size).clamp(4 * o.window(), 2000))
 }
 
 fn lat_iters(o: &Options, size: usize) -> usize {
@@ -271,7 +246,7 @@ fn setup(o: &Options, ctl: &mut Control) -> Result<Endpoint, String> {
     net.close_listen(lc)
         .map_err(|rc| format!("closeListen failed: {rc}"))?;
     // NCCL-like: buffers registered once; one slot per request in flight when verifying.
-    let slots = if o.verify { o.inflight } else { 1 };
+    let slots = if o.verify { o.window() } else { 1 };
     let slot = o.max;
     let mut sbuf = vec![0u8; slot * slots];
     let mut rbuf = vec![0u8; slot * slots];
@@ -295,16 +270,14 @@ fn setup(o: &Options, ctl: &mut Control) -> Result<Endpoint, String> {
 }
 
 impl Endpoint {
-    fn send_ptr(&mut self, i: usize, verify: bool) -> *mut u8 {
-        let at = if verify { i * self.slot } else { 0 };
-        self.sbuf[at..].as_mut_ptr()
-    }
-    fn recv_ptr(&mut self, i: usize, verify: bool) -> *mut u8 {
-        let at = if verify { i * self.slot } else { 0 };
-        self.rbuf[at..].as_mut_ptr()
+    /// The buffer slots of one side: one per request in flight when verifying (each message
+    /// keeps its bytes until it completes), else one shared slot.
+    fn slots(buf: &mut [u8], o: &Options, slot: usize) -> Vec<*mut u8> {
+        let n = if o.verify { o.window() } else { 1 };
+        (0..n).map(|i| buf[i * slot..].as_mut_ptr()).collect()
     }
 
-    /// Bandwidth phase, sending side: keep `inflight` sends posted, complete in order.
+    /// Bandwidth phase, sending side: `inflight` sends posted, completed in order.
     fn send_stream(
         &mut self,
         o: &Options,
@@ -312,30 +285,27 @@ impl Endpoint {
         iters: usize,
         seed: u64,
     ) -> Result<(), String> {
-        let mut pending: std::collections::VecDeque<Ptr> = std::collections::VecDeque::new();
-        let d = deadline();
-        for i in 0..iters {
-            if pending.len() == o.inflight {
-                let r = pending.pop_front().unwrap_or(std::ptr::null_mut());
-                self.net.wait(r, d)?;
-            }
-            let slot = i % o.inflight;
-            if o.verify {
-                let at = slot * self.slot;
-                fill_pattern(seed + i as u64, &mut self.sbuf[at..at + size]);
-            }
-            let p = self.send_ptr(slot, o.verify);
-            let (net, sc, smh) = (&self.net, self.sc, self.smh);
-            pending
-                .push_back(net.until_started("isend", d, || net.isend_step(sc, p, size, 0, smh))?);
-        }
-        for r in pending {
-            self.net.wait(r, d)?;
-        }
-        Ok(())
+        let slots = Self::slots(&mut self.sbuf, o, self.slot);
+        let (sbuf, slot_bytes) = (&mut self.sbuf, self.slot);
+        self.net.send_stream(
+            self.sc,
+            self.smh,
+            &slots,
+            size,
+            iters,
+            o.window(),
+            deadline(),
+            |i, slot| {
+                if o.verify {
+                    let at = slot * slot_bytes;
+                    fill_pattern(seed + i as u64, &mut sbuf[at..at + size]);
+                }
+            },
+        )
     }
 
-    /// Bandwidth phase, receiving side; returns whether every byte matched (when verifying).
+    /// Bandwidth phase, receiving side; returns whether every message had its size and (when
+    /// verifying) its bytes.
     fn recv_stream(
         &mut self,
         o: &Options,
@@ -343,36 +313,28 @@ impl Endpoint {
         iters: usize,
         seed: u64,
     ) -> Result<bool, String> {
-        let mut pending: std::collections::VecDeque<(usize, Ptr)> =
-            std::collections::VecDeque::new();
-        let d = deadline();
+        let slots = Self::slots(&mut self.rbuf, o, self.slot);
+        let (rbuf, slot_bytes) = (&self.rbuf, self.slot);
         let mut good = true;
         let mut expected = vec![0u8; if o.verify { size } else { 0 }];
-        let mut complete = |ep: &mut Self, i: usize, r: Ptr| -> Result<(), String> {
-            let sizes = ep.net.wait(r, d)?;
-            good &= sizes[0] == size as i32;
-            if o.verify {
-                fill_pattern(seed + i as u64, &mut expected);
-                let at = (i % o.inflight) * ep.slot;
-                good &= ep.rbuf[at..at + size] == expected[..];
-            }
-            Ok(())
-        };
-        for i in 0..iters {
-            if pending.len() == o.inflight {
-                let (j, r) = pending.pop_front().unwrap_or((0, std::ptr::null_mut()));
-                complete(self, j, r)?;
-            }
-            let p = self.recv_ptr(i % o.inflight, o.verify);
-            let (net, rc, rmh) = (&self.net, self.rc, self.rmh);
-            pending.push_back((
-                i,
-                net.until_started("irecv", d, || net.irecv_step(rc, &[(p, size, 0, rmh)]))?,
-            ));
-        }
-        for (j, r) in pending {
-            complete(self, j, r)?;
-        }
+        self.net.recv_stream(
+            self.rc,
+            self.rmh,
+            &slots,
+            size,
+            iters,
+            o.window(),
+            deadline(),
+            |i, slot, received| {
+                good &= received == size;
+                if o.verify {
+                    fill_pattern(seed + i as u64, &mut expected);
+                    let at = slot * slot_bytes;
+                    good &= rbuf[at..at + size] == expected[..];
+                }
+                Ok(())
+            },
+        )?;
         Ok(good)
     }
 
@@ -437,9 +399,9 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
         // Warm-up: fill the pipeline once.
         ctl.barrier()?;
         if rank0 {
-            ep.send_stream(o, size, o.inflight, seed)?
+            ep.send_stream(o, size, o.window(), seed)?
         } else {
-            ep.recv_stream(o, size, o.inflight, seed).map(|_| ())?
+            ep.recv_stream(o, size, o.window(), seed).map(|_| ())?
         };
         ctl.barrier()?;
         let cpu0 = cpu_seconds();
@@ -529,34 +491,32 @@ fn print_table(o: &Options, report: &Report) {
 }
 
 fn print_json(o: &Options, report: &Report) {
-    let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
-    let results: Vec<String> = report
+    let results: Vec<serde_json::Value> = report
         .rows
         .iter()
         .map(|r| {
-            format!(
-                "{{\"size\":{},\"iters\":{},\"seconds\":{:.6},\"bw_mb_per_s\":{:.3},\"msgs_per_s\":{:.1},\"lat_us\":{:.3},\"cpu_send_s_per_gb\":{:.4},\"cpu_recv_s_per_gb\":{:.4},\"verified\":{}}}",
-                r.size,
-                r.iters,
-                r.seconds,
-                r.mb_per_s(),
-                r.msg_rate(),
-                r.lat_us,
-                r.cpu_per_gb(r.cpu_send),
-                r.cpu_per_gb(r.cpu_recv),
-                r.verified.map_or("null".to_owned(), |v| v.to_string())
-            )
+            json!({
+                "size": r.size,
+                "iters": r.iters,
+                "seconds": r.seconds,
+                "bw_mb_per_s": r.mb_per_s(),
+                "msgs_per_s": r.msg_rate(),
+                "lat_us": r.lat_us,
+                "cpu_send_s_per_gb": r.cpu_per_gb(r.cpu_send),
+                "cpu_recv_s_per_gb": r.cpu_per_gb(r.cpu_recv),
+                "verified": r.verified,
+            })
         })
         .collect();
-    println!(
-        "{{\"plugin\":\"{}\",\"name\":\"{}\",\"abi\":{},\"device\":\"{}\",\"inflight\":{},\"results\":[{}]}}",
-        esc(&o.plugin.display().to_string()),
-        esc(&report.name),
-        report.abi,
-        esc(&report.device),
-        o.inflight,
-        results.join(",")
-    );
+    let doc = json!({
+        "plugin": o.plugin.display().to_string(),
+        "name": report.name,
+        "abi": report.abi,
+        "device": report.device,
+        "inflight": o.inflight,
+        "results": results,
+    });
+    println!("{doc}");
 }
 
 fn spawn_client(port: u16) -> Result<Child, String> {
@@ -575,15 +535,16 @@ fn spawn_client(port: u16) -> Result<Child, String> {
 }
 
 fn run(o: &Options) -> Result<(), String> {
-    if o.role == "client" {
-        let stream = connect_with_retry(&o.rendezvous)?;
+    if o.role == Role::Client {
+        let stream = rendezvous::connect(&o.rendezvous, deadline())
+            .map_err(|e| format!("rendezvous connect {}: {e}", o.rendezvous))?;
         run_rank(o, false, Control(stream))?;
         return Ok(());
     }
     let listener = TcpListener::bind(&o.rendezvous)
         .map_err(|e| format!("rendezvous bind {}: {e}", o.rendezvous))?;
     let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-    let mut child = if o.role == "both" {
+    let mut child = if o.role == Role::Both {
         Some(spawn_client(port)?)
     } else {
         None
@@ -591,7 +552,14 @@ fn run(o: &Options) -> Result<(), String> {
     if child.is_none() {
         eprintln!("waiting for the client on port {port}");
     }
-    let stream = accept_client(&listener, child.as_mut())?;
+    // When the client is our own child, stop waiting if it exits first.
+    let stream = rendezvous::accept(&listener, deadline(), || {
+        let status = child.as_mut()?.try_wait().ok()??;
+        Some(format!(
+            "the receiving process exited before connecting ({status})"
+        ))
+    })
+    .map_err(|e| format!("rendezvous accept: {e}"))?;
     let outcome = run_rank(o, true, Control(stream));
     if let Some(c) = child.as_mut() {
         let status = c.wait().map_err(|e| e.to_string())?;
@@ -611,48 +579,13 @@ fn run(o: &Options) -> Result<(), String> {
     Ok(())
 }
 
-/// Wait for the client; when it is our own child, stop waiting if it exits first.
-fn accept_client(
-    listener: &TcpListener,
-    mut child: Option<&mut Child>,
-) -> Result<TcpStream, String> {
-    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-    loop {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                stream.set_nonblocking(false).map_err(|e| e.to_string())?;
-                return Ok(stream);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                    return Err(format!(
-                        "the receiving process exited before connecting ({status})"
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => return Err(format!("rendezvous accept: {e}")),
-        }
-    }
-}
-
-fn connect_with_retry(addr: &str) -> Result<TcpStream, String> {
-    let start = Instant::now();
-    loop {
-        match TcpStream::connect(addr) {
-            Ok(s) => return Ok(s),
-            Err(e) if start.elapsed() > Duration::from_secs(60) => {
-                return Err(format!("rendezvous connect {addr}: {e}"));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
-}
-
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let outcome = parse_args(&args).and_then(|o| run(&o));
-    if let Err(e) = outcome {
+    let options = Options::parse().check().unwrap_or_else(|e| {
+        // A usage error, like clap's own.
+        eprintln!("nccl-net-bench: {e}");
+        std::process::exit(2);
+    });
+    if let Err(e) = run(&options) {
         eprintln!("nccl-net-bench: {e}");
         std::process::exit(1);
     }

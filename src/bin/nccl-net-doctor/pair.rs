@@ -1,0 +1,1071 @@
+//! The pair check: two doctors (or one, in loopback) exchange node cards over TCP, apply the
+//! agreement rules, then connect through the plugin's own `listen`/`connect`/`accept`, move
+//! byte-verified data both ways (host memory, then GPU memory with `iflush` where both ends
+//! have CUDA), measure bandwidth per direction and compare the ports' error counters.
+//!
+//! Both sides run the same sequence per rail (NCCL device i to the peer's device i); direction
+//! 0 is the serving side sending, direction 1 the other way. Control messages are JSON lines.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nccl_net::cuda::DeviceBuffer;
+use nccl_net::doctor::{Finding, Roots, Severity};
+use nccl_net::driver::{
+    self, Driver, Handle, LoadOptions, NCCL_PTR_CUDA, Ptr, fill_pattern, pattern_at, rendezvous,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::card::{CardDevice, NodeCard, agreement};
+
+/// Message sizes of the correctness phase: odd sizes around page and chunk boundaries.
+const CHECK_SIZES: [usize; 5] = [1, 4097, 65_536 + 3, (1 << 20) + 3, 4 << 20];
+/// Message size and requests in flight of the bandwidth phase.
+const BW_SIZE: usize = 4 << 20;
+const BW_WINDOW: usize = 8;
+/// Counters whose rise means lost packets, retries or a flapping link.
+const ERROR_COUNTERS: &[&str] = &[
+    "symbol_error",
+    "link_downed",
+    "link_error_recovery",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_xmit_discards",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "out_of_sequence",
+    "packet_seq_err",
+    "local_ack_timeout_err",
+    "roce_adp_retrans",
+    "rnr_nak_retry_err",
+    "req_cqe_error",
+    "resp_cqe_error",
+    "duplicate_request",
+    "out_of_seq_request",
+    "rcvd_seq_err",
+    "retry_exceeded_err",
+    "retry_rnr_exceeded_err",
+    "completer_retry_err",
+    "send_err",
+];
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub(crate) struct PairOptions {
+    /// Seconds of bandwidth measurement per direction.
+    pub(crate) seconds: f64,
+    /// Deadline for the rendezvous, each plugin call sequence and each control message.
+    pub(crate) timeout: Duration,
+    /// Only this NCCL device index (rail); `None`: every rail both ends have.
+    pub(crate) dev: Option<usize>,
+    /// A plugin library to load instead of the plugin built into the doctor.
+    pub(crate) plugin: Option<PathBuf>,
+}
+
+/// Which end this is.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// `--serve` (and the first thread of `--loopback`): sends first.
+    Serve,
+    /// `--peer`.
+    Peer,
+}
+
+/// What one end concluded.
+#[derive(Debug, Default)]
+pub(crate) struct PairOutcome {
+    /// Findings, in check order.
+    pub(crate) findings: Vec<Finding>,
+    /// The other end's card, once exchanged.
+    pub(crate) peer: Option<NodeCard>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Msg {
+    Card {
+        card: Box<NodeCard>,
+    },
+    Handle {
+        handle: String,
+    },
+    Connected {
+        error: Option<String>,
+    },
+    Verified {
+        ok: bool,
+        detail: String,
+    },
+    Gpu {
+        usable: Option<String>,
+    },
+    Stream {
+        count: usize,
+    },
+    StreamDone {
+        error: Option<String>,
+    },
+    Bandwidth {
+        gbps: f64,
+        seconds: f64,
+        bytes: u64,
+    },
+    Counters {
+        deltas: Vec<(String, u64)>,
+        read: usize,
+    },
+    Abort {
+        why: String,
+    },
+}
+
+/// The control channel: one JSON message per line.
+struct Control {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Control {
+    fn new(stream: TcpStream, timeout: Duration) -> Result<Self, String> {
+        stream
+            .set_read_timeout(Some(timeout))
+            .and_then(|()| stream.set_nodelay(true))
+            .map_err(|e| e.to_string())?;
+        let writer = stream.try_clone().map_err(|e| e.to_string())?;
+        Ok(Self {
+            reader: BufReader::new(stream),
+            writer,
+        })
+    }
+
+    fn send(&mut self, msg: &Msg) -> Result<(), String> {
+        let mut line = serde_json::to_string(msg).map_err(|e| e.to_string())?;
+        line.push('\n');
+        self.writer
+            .write_all(line.as_bytes())
+            .map_err(|e| format!("control channel: {e}"))
+    }
+
+    fn recv(&mut self) -> Result<Msg, String> {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) => Err("the peer closed the control channel".to_owned()),
+            Ok(_) => match serde_json::from_str(&line) {
+                Ok(Msg::Abort { why }) => Err(format!("the peer stopped: {why}")),
+                Ok(msg) => Ok(msg),
+                Err(e) => Err(format!("unreadable control message ({e}): {}", line.trim())),
+            },
+            Err(e) => Err(format!(
+                "control channel: {e} (the peer did not answer in time)"
+            )),
+        }
+    }
+}
+
+/// Expect a message of one kind; `pick` returns `None` for any other.
+fn expect<T>(
+    ctl: &mut Control,
+    what: &str,
+    pick: impl FnOnce(Msg) -> Option<T>,
+) -> Result<T, String> {
+    let msg = ctl.recv()?;
+    let text = format!("{msg:?}");
+    pick(msg).ok_or_else(|| format!("expected {what} from the peer, got {text}"))
+}
+
+/// `--serve`: wait for one peer on `addr`. `Err` = could not run (no peer came).
+pub(crate) fn serve(
+    addr: &str,
+    card: &NodeCard,
+    roots: &Roots,
+    o: &PairOptions,
+) -> Result<PairOutcome, String> {
+    let listener = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    eprintln!(
+        "nccl-net-doctor: waiting for a peer on {local} (run `nccl-net-doctor --peer THIS_HOST:{}` on it)",
+        local.port()
+    );
+    let stream =
+        rendezvous::accept(&listener, Instant::now() + o.timeout, || None).map_err(|e| {
+            format!(
+                "no peer connected to {local} within {}s ({e}): check that the peer runs \
+             `nccl-net-doctor --peer`, firewall rules for TCP port {}, and NCCL_SOCKET_IFNAME",
+                o.timeout.as_secs(),
+                local.port()
+            )
+        })?;
+    let driver = load_driver(o)?;
+    Ok(run(
+        Control::new(stream, o.timeout)?,
+        Side::Serve,
+        card,
+        roots,
+        o,
+        &driver,
+        false,
+    ))
+}
+
+/// `--peer`: connect to a serving doctor at `addr`. `Err` = could not run.
+pub(crate) fn peer(
+    addr: &str,
+    card: &NodeCard,
+    roots: &Roots,
+    o: &PairOptions,
+) -> Result<PairOutcome, String> {
+    let stream = rendezvous::connect(addr, Instant::now() + o.timeout).map_err(|e| {
+        format!(
+            "cannot reach the serving doctor at {addr} within {}s ({e}): check that it runs \
+             `nccl-net-doctor --serve`, the address and port, and firewall rules",
+            o.timeout.as_secs()
+        )
+    })?;
+    let driver = load_driver(o)?;
+    Ok(run(
+        Control::new(stream, o.timeout)?,
+        Side::Peer,
+        card,
+        roots,
+        o,
+        &driver,
+        false,
+    ))
+}
+
+/// `--loopback`: both ends in this process (two threads over a local TCP control channel),
+/// each device to itself.
+pub(crate) fn loopback(
+    card: &NodeCard,
+    roots: &Roots,
+    o: &PairOptions,
+) -> Result<PairOutcome, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let client = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    let server = rendezvous::accept(&listener, Instant::now() + o.timeout, || None)?;
+    let driver = Arc::new(load_driver(o)?);
+    let (card2, roots2, o2, driver2) =
+        (card.clone(), roots.clone(), o.clone(), Arc::clone(&driver));
+    let other = std::thread::spawn(move || {
+        Control::new(client, o2.timeout)
+            .map(|ctl| run(ctl, Side::Peer, &card2, &roots2, &o2, &driver2, true))
+    });
+    let mut outcome = run(
+        Control::new(server, o.timeout)?,
+        Side::Serve,
+        card,
+        roots,
+        o,
+        &driver,
+        true,
+    );
+    // The other thread's findings mirror these; it only has to finish.
+    let _ = other.join();
+    outcome.findings.insert(
+        0,
+        Finding::new(
+            Severity::Info,
+            "pair.loopback",
+            "node",
+            "loopback: each device talks to itself through the NIC and PCIe; the cable and the \
+             switch are not exercised (use --serve/--peer between two nodes for that)",
+        ),
+    );
+    Ok(outcome)
+}
+
+fn load_driver(o: &PairOptions) -> Result<Driver, String> {
+    // The doctor prints the plugin's warnings itself, as the cause of a failed check.
+    driver::echo_warnings(false);
+    match &o.plugin {
+        Some(path) => Driver::load(path, LoadOptions::default()),
+        None => Driver::builtin(LoadOptions::default()),
+    }
+}
+
+/// The plugin's last warning appended to `what` (a failed call returns only a code).
+fn with_cause(what: String) -> String {
+    match driver::last_warning() {
+        Some(w) => format!("{what}: {w}"),
+        None => what,
+    }
+}
+
+fn run(
+    mut ctl: Control,
+    side: Side,
+    card: &NodeCard,
+    roots: &Roots,
+    o: &PairOptions,
+    net: &Driver,
+    loopback: bool,
+) -> PairOutcome {
+    let mut out = PairOutcome::default();
+    let fail =
+        |check: &'static str, what: String| Finding::new(Severity::Fail, check, "pair", what);
+    let exchanged = ctl
+        .send(&Msg::Card {
+            card: Box::new(card.clone()),
+        })
+        .and_then(|()| {
+            expect(&mut ctl, "its node card", |m| match m {
+                Msg::Card { card } => Some(*card),
+                _ => None,
+            })
+        });
+    let remote = match exchanged {
+        Ok(c) => c,
+        Err(why) => {
+            out.findings.push(fail(
+                "pair.card",
+                format!("no node card from the peer: {why}"),
+            ));
+            return out;
+        }
+    };
+    if remote.card_version != card.card_version {
+        out.findings.push(fail(
+            "pair.card",
+            format!(
+                "the peer's doctor {} speaks card version {}, this one {} {}: run the same version on both",
+                remote.tool_version, remote.card_version, env!("CARGO_PKG_VERSION"), card.card_version
+            ),
+        ));
+        out.peer = Some(remote);
+        return out;
+    }
+    let rails: Vec<usize> = match o.dev {
+        Some(d) => vec![d],
+        None => (0..card.devices.len().min(remote.devices.len())).collect(),
+    };
+    for rail in rails {
+        let (Some(l), Some(r)) = (card.devices.get(rail), remote.devices.get(rail)) else {
+            out.findings.push(fail(
+                "pair.devices",
+                format!(
+                    "device {rail} missing: {} device(s) here, {} on the peer",
+                    card.devices.len(),
+                    remote.devices.len()
+                ),
+            ));
+            continue;
+        };
+        let rules = if loopback {
+            Vec::new()
+        } else {
+            agreement(card, &remote, l, r)
+        };
+        let blocking: Vec<&'static str> = rules
+            .iter()
+            .filter(|f| f.severity == Severity::Fail)
+            .map(|f| f.check)
+            .collect();
+        out.findings.extend(rules.iter().cloned());
+        let entity = if loopback {
+            format!("{} -> itself", l.name)
+        } else {
+            format!("{} <-> {}:{}", l.name, remote.host, r.name)
+        };
+        if let Some(first) = blocking.first() {
+            out.findings.push(
+                Finding::new(
+                    Severity::Skip,
+                    "pair.data",
+                    &entity,
+                    format!("not attempted: {}", blocking.join(", ")),
+                )
+                .depends_on(first),
+            );
+            continue;
+        }
+        let mut rail_run = Rail {
+            ctl: &mut ctl,
+            net,
+            side,
+            dev: i32::try_from(rail).unwrap_or(i32::MAX),
+            entity,
+            o,
+            findings: Vec::new(),
+            loopback,
+        };
+        let result = rail_run.run(roots, l, r);
+        out.findings.append(&mut rail_run.findings);
+        if let Err(why) = result {
+            // Tell the peer (it may be waiting on a message), then stop: the channel's state is
+            // unknown after a failure midway.
+            let _ = ctl.send(&Msg::Abort { why: why.clone() });
+            break;
+        }
+    }
+    out.peer = Some(remote);
+    out
+}
+
+/// One end's counter report: whose, the rises, how many counters were read.
+type End<'a> = (&'a str, Vec<(String, u64)>, usize);
+
+/// One rail's checks.
+struct Rail<'a> {
+    ctl: &'a mut Control,
+    net: &'a Driver,
+    side: Side,
+    dev: i32,
+    entity: String,
+    o: &'a PairOptions,
+    findings: Vec<Finding>,
+    loopback: bool,
+}
+
+/// The two comms of a rail and the host buffers registered on them.
+struct Comms {
+    sc: Ptr,
+    rc: Ptr,
+    lc: Ptr,
+    sbuf: Vec<u8>,
+    rbuf: Vec<u8>,
+    smh: Ptr,
+    rmh: Ptr,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Handle> {
+    let mut h = [0u8; 128];
+    if text.len() != 256 {
+        return None;
+    }
+    for (i, byte) in h.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(h)
+}
+
+impl Rail<'_> {
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.o.timeout
+    }
+
+    fn finding(&mut self, severity: Severity, check: &'static str, what: String) -> &mut Finding {
+        self.findings
+            .push(Finding::new(severity, check, self.entity.clone(), what));
+        let last = self.findings.len() - 1;
+        &mut self.findings[last]
+    }
+
+    /// Whether this end sends in `direction`.
+    fn sends(&self, direction: usize) -> bool {
+        (direction == 0) == (self.side == Side::Serve)
+    }
+
+    fn direction_name(&self, direction: usize) -> &'static str {
+        match (self.loopback, self.sends(direction)) {
+            (true, _) if direction == 0 => "first direction",
+            (true, _) => "second direction",
+            (false, true) => "this node -> peer",
+            (false, false) => "peer -> this node",
+        }
+    }
+
+    fn run(&mut self, roots: &Roots, l: &CardDevice, r: &CardDevice) -> Result<(), String> {
+        let before = read_counters(roots, l);
+        let mut comms = self.connect()?;
+        let outcome = self.exercise(&mut comms, l, r);
+        let net = self.net;
+        let _ = (
+            net.dereg_mr(comms.sc, comms.smh),
+            net.dereg_mr(comms.rc, comms.rmh),
+        );
+        let _ = (
+            net.close_send(comms.sc),
+            net.close_recv(comms.rc),
+            net.close_listen(comms.lc),
+        );
+        outcome?;
+        self.counters(roots, l, &before)
+    }
+
+    fn connect(&mut self) -> Result<Comms, String> {
+        let net = self.net;
+        let listened = net.listen(self.dev).map_err(|rc| {
+            with_cause(format!(
+                "listen on device {} failed (ncclResult {rc})",
+                self.dev
+            ))
+        });
+        let (handle, lc) = match listened {
+            Ok(ok) => ok,
+            Err(why) => {
+                self.finding(Severity::Fail, "pair.connect", why.clone());
+                return Err(why);
+            }
+        };
+        self.ctl.send(&Msg::Handle {
+            handle: hex(&handle),
+        })?;
+        let peer = expect(self.ctl, "its listen handle", |m| match m {
+            Msg::Handle { handle } => unhex(&handle),
+            _ => None,
+        })?;
+        let start = Instant::now();
+        let connected = net
+            .connect_and_accept(self.dev, &peer, lc, self.deadline())
+            .map_err(with_cause);
+        self.ctl.send(&Msg::Connected {
+            error: connected.as_ref().err().cloned(),
+        })?;
+        let theirs = expect(self.ctl, "its connect result", |m| match m {
+            Msg::Connected { error } => Some(error),
+            _ => None,
+        })?;
+        let (sc, rc) = match (connected, theirs) {
+            (Ok(pair), None) => pair,
+            (mine, theirs) => {
+                let why = match (mine.err(), theirs) {
+                    (Some(m), Some(t)) => format!("here: {m}; on the peer: {t}"),
+                    (Some(m), None) => format!("here: {m}"),
+                    (None, Some(t)) => format!("on the peer: {t}"),
+                    (None, None) => unreachable!("handled above"),
+                };
+                let _ = net.close_listen(lc);
+                self.finding(Severity::Fail, "pair.connect", format!("connect/accept through the plugin failed: {why}"))
+                    .fix = Some(
+                    "a timeout or ENETUNREACH points at the GID or route (see roce.gid on both nodes), \
+                     a refused handshake names the setting that differs"
+                        .to_owned(),
+                );
+                return Err(why);
+            }
+        };
+        self.finding(
+            Severity::Pass,
+            "pair.connect",
+            format!(
+                "listen/connect/accept through the plugin in {:.0} ms",
+                start.elapsed().as_secs_f64() * 1e3
+            ),
+        );
+        let mut sbuf = vec![0u8; BW_SIZE];
+        let mut rbuf = vec![0u8; BW_SIZE];
+        let smh = net.reg_mr(sc, &mut sbuf);
+        let rmh = net.reg_mr(rc, &mut rbuf);
+        match (smh, rmh) {
+            (Ok(smh), Ok(rmh)) => Ok(Comms {
+                sc,
+                rc,
+                lc,
+                sbuf,
+                rbuf,
+                smh,
+                rmh,
+            }),
+            (smh, rmh) => {
+                let why = with_cause(format!(
+                    "regMr of {BW_SIZE} bytes of host memory failed (ncclResult {})",
+                    smh.err().or(rmh.err()).unwrap_or(0)
+                ));
+                if let Ok(m) = smh {
+                    let _ = net.dereg_mr(sc, m);
+                }
+                if let Ok(m) = rmh {
+                    let _ = net.dereg_mr(rc, m);
+                }
+                let _ = (net.close_send(sc), net.close_recv(rc), net.close_listen(lc));
+                self.finding(Severity::Fail, "pair.data", why.clone()).fix = Some(
+                    "see memlock: registrations fail with ENOMEM under a low locked-memory limit"
+                        .to_owned(),
+                );
+                Err(why)
+            }
+        }
+    }
+
+    fn exercise(
+        &mut self,
+        comms: &mut Comms,
+        l: &CardDevice,
+        r: &CardDevice,
+    ) -> Result<(), String> {
+        for direction in 0..2 {
+            self.verify_host(comms, direction)?;
+        }
+        self.gpu(comms, l)?;
+        for direction in 0..2 {
+            self.bandwidth(comms, direction, l, r)?;
+        }
+        Ok(())
+    }
+
+    /// Send each of [`CHECK_SIZES`] one way; the receiver checks size and bytes.
+    fn verify_host(&mut self, c: &mut Comms, direction: usize) -> Result<(), String> {
+        let net = self.net;
+        let d = self.deadline();
+        let seed = |k: usize| ((direction as u64) << 32) | k as u64;
+        let outcome = if self.sends(direction) {
+            CHECK_SIZES
+                .iter()
+                .enumerate()
+                .try_for_each(|(k, &size)| {
+                    fill_pattern(seed(k), &mut c.sbuf[..size]);
+                    let (sc, smh, sptr) = (c.sc, c.smh, c.sbuf.as_mut_ptr());
+                    net.until_started("isend", d, || net.isend_step(sc, sptr, size, 0, smh))
+                        .and_then(|req| net.wait(req, d))
+                        .map(drop)
+                        .map_err(|why| format!("{size} B: {}", with_cause(why)))
+                })
+                .map(|()| String::new())
+        } else {
+            receive_checked(net, c, d, &seed)
+        };
+        self.settle("pair.data", "host memory", direction, outcome)
+    }
+
+    /// Agree on one direction's outcome and report it once: the sender reports its own failure
+    /// or the receiver's verdict; the receiver sends its verdict and reports it.
+    fn settle(
+        &mut self,
+        check: &'static str,
+        memory: &str,
+        direction: usize,
+        outcome: Result<String, String>,
+    ) -> Result<(), String> {
+        let verdict = if self.sends(direction) {
+            match outcome {
+                Err(why) => Err(format!("sending failed: {why}")),
+                Ok(_) => {
+                    let (ok, detail) = expect(self.ctl, "its verification result", |m| match m {
+                        Msg::Verified { ok, detail } => Some((ok, detail)),
+                        _ => None,
+                    })?;
+                    if ok { Ok(detail) } else { Err(detail) }
+                }
+            }
+        } else {
+            let (ok, detail) = match &outcome {
+                Ok(detail) => (true, detail.clone()),
+                Err(why) => (false, why.clone()),
+            };
+            self.ctl.send(&Msg::Verified { ok, detail })?;
+            outcome
+        };
+        let name = self.direction_name(direction);
+        match verdict {
+            Ok(detail) => {
+                self.finding(Severity::Pass, check, format!("{name}: {memory}, {detail}"));
+                Ok(())
+            }
+            Err(detail) => {
+                self.finding(Severity::Fail, check, format!("{name}: {memory}: {detail}"));
+                Err(detail)
+            }
+        }
+    }
+
+    /// GPU memory both ways, with `iflush` on the receiver, where both ends register it.
+    fn gpu(&mut self, c: &mut Comms, l: &CardDevice) -> Result<(), String> {
+        let local = gpu_usable(l);
+        self.ctl.send(&Msg::Gpu {
+            usable: local.clone().err(),
+        })?;
+        let remote = expect(self.ctl, "its GPU state", |m| match m {
+            Msg::Gpu { usable } => Some(usable),
+            _ => None,
+        })?;
+        if let Some(why) = local.as_ref().err().or(remote.as_ref()) {
+            let whose = if local.is_err() {
+                "here"
+            } else {
+                "on the peer"
+            };
+            self.finding(
+                Severity::Skip,
+                "pair.gpu",
+                format!("GPU memory not checked: {why} ({whose})"),
+            );
+            return Ok(());
+        }
+        for direction in 0..2 {
+            let outcome = self.gpu_direction(c, direction);
+            if let Err(why) = self.settle("pair.gpu", "GPU memory with iflush", direction, outcome)
+            {
+                if let Some(f) = self.findings.last_mut() {
+                    f.fix = Some(
+                        "host memory works but GPU memory does not: check gdr.peermem/gdr.dmabuf \
+                         on both nodes, ACS on the PCIe path and relaxed ordering in VMs"
+                            .to_owned(),
+                    );
+                }
+                return Err(why);
+            }
+        }
+        Ok(())
+    }
+
+    fn gpu_direction(&mut self, c: &mut Comms, direction: usize) -> Result<String, String> {
+        let net = self.net;
+        let d = self.deadline();
+        let size = (1 << 20) + 3;
+        let seed = (2 + direction as u64) << 32;
+        let buffer = DeviceBuffer::alloc(size).map_err(|e| e.to_string())?;
+        let comm = if self.sends(direction) { c.sc } else { c.rc };
+        let data = buffer.addr() as Ptr;
+        let mh = net
+            .reg_mr_raw(comm, data, size, NCCL_PTR_CUDA)
+            .map_err(|rc| with_cause(format!("regMr of GPU memory failed (ncclResult {rc})")))?;
+        let outcome = if self.sends(direction) {
+            buffer
+                .write(&driver::pattern(seed, size))
+                .map_err(|e| e.to_string())?;
+            net.until_started("isend", d, || {
+                net.isend_step(c.sc, data.cast(), size, 0, mh)
+            })
+            .and_then(|req| net.wait(req, d))
+            .map(|_| String::new())
+            .map_err(with_cause)
+        } else {
+            let received = net
+                .until_started("irecv", d, || {
+                    net.irecv_step(c.rc, &[(data.cast(), size, 0, mh)])
+                })
+                .and_then(|req| net.wait(req, d))
+                .and_then(|_| {
+                    let flush = net
+                        .iflush(c.rc, &[(data.cast(), size as i32, mh)])
+                        .map_err(|rc| format!("iflush failed (ncclResult {rc})"))?;
+                    if !flush.is_null() {
+                        net.wait(flush, d)?;
+                    }
+                    Ok(())
+                })
+                .map_err(with_cause);
+            received.and_then(|()| {
+                let mut host = vec![0u8; size];
+                buffer.read(&mut host).map_err(|e| e.to_string())?;
+                if pattern_at(seed, 0, &host) {
+                    Ok(format!("{size} B verified after iflush"))
+                } else {
+                    Err(format!(
+                        "{size} B arrived but differ from what was sent (first wrong byte at {})",
+                        first_difference(seed, &host)
+                    ))
+                }
+            })
+        };
+        let _ = net.dereg_mr(comm, mh);
+        outcome
+    }
+
+    /// About `seconds` of `BW_SIZE` messages one way, `BW_WINDOW` in flight.
+    fn bandwidth(
+        &mut self,
+        c: &mut Comms,
+        direction: usize,
+        l: &CardDevice,
+        r: &CardDevice,
+    ) -> Result<(), String> {
+        let net = self.net;
+        let (sptr, rptr) = (c.sbuf.as_mut_ptr(), c.rbuf.as_mut_ptr());
+        let name = self.direction_name(direction);
+        let measured = if self.sends(direction) {
+            let run = |count: usize, ctl: &mut Control| -> Result<f64, String> {
+                ctl.send(&Msg::Stream { count })?;
+                let start = Instant::now();
+                let sent = net
+                    .send_stream(
+                        c.sc,
+                        c.smh,
+                        &[sptr],
+                        BW_SIZE,
+                        count,
+                        BW_WINDOW,
+                        Instant::now() + self.o.timeout,
+                        |_, _| {},
+                    )
+                    .map_err(with_cause);
+                let elapsed = start.elapsed().as_secs_f64();
+                let theirs = expect(ctl, "its stream result", |m| match m {
+                    Msg::StreamDone { error } => Some(error),
+                    _ => None,
+                })?;
+                sent?;
+                theirs.map_or(Ok(elapsed), Err)
+            };
+            let probe = run(BW_WINDOW, self.ctl)?;
+            let count = ((self.o.seconds / probe.max(1e-6)) * BW_WINDOW as f64)
+                .clamp(BW_WINDOW as f64, 1e6) as usize;
+            let seconds = run(count, self.ctl)?;
+            let bytes = (count * BW_SIZE) as u64;
+            let gbps = bytes as f64 * 8.0 / seconds / 1e9;
+            self.ctl.send(&Msg::Bandwidth {
+                gbps,
+                seconds,
+                bytes,
+            })?;
+            (gbps, seconds, bytes)
+        } else {
+            loop {
+                match self.ctl.recv()? {
+                    Msg::Stream { count } => {
+                        let got = net
+                            .recv_stream(
+                                c.rc,
+                                c.rmh,
+                                &[rptr],
+                                BW_SIZE,
+                                count,
+                                BW_WINDOW,
+                                Instant::now() + self.o.timeout,
+                                |i, _, received| {
+                                    if received == BW_SIZE {
+                                        Ok(())
+                                    } else {
+                                        Err(format!("message {i}: {received} of {BW_SIZE} bytes"))
+                                    }
+                                },
+                            )
+                            .map_err(with_cause);
+                        self.ctl.send(&Msg::StreamDone { error: got.err() })?;
+                    }
+                    Msg::Bandwidth {
+                        gbps,
+                        seconds,
+                        bytes,
+                    } => break (gbps, seconds, bytes),
+                    other => return Err(format!("expected the bandwidth run, got {other:?}")),
+                }
+            }
+        };
+        let (gbps, seconds, bytes) = measured;
+        let expected = expected_mbps(l, r);
+        let what = format!(
+            "{name}: {gbps:.2} Gb/s ({} MiB in {seconds:.2} s)",
+            bytes >> 20
+        );
+        let f = match expected {
+            Expected::Software => {
+                let mut f = Finding::new(
+                    Severity::Info,
+                    "pair.bandwidth",
+                    self.entity.clone(),
+                    format!("{what}; software device: its nominal rate means nothing"),
+                );
+                f = f.evidence("measured Gb/s", format!("{gbps:.3}"));
+                f
+            }
+            Expected::Rate { mbps, limit } => {
+                let pct = gbps * 1000.0 / mbps as f64 * 100.0;
+                let text = format!(
+                    "{what} = {pct:.0}% of the expected {:.0} Gb/s ({limit})",
+                    mbps as f64 / 1000.0
+                );
+                let severity = match pct {
+                    p if p >= 90.0 => Severity::Pass,
+                    p if p >= 75.0 => Severity::Warn,
+                    _ => Severity::Fail,
+                };
+                let mut f = Finding::new(severity, "pair.bandwidth", self.entity.clone(), text);
+                if severity != Severity::Pass {
+                    f = f.fix("compare with ib_write_bw between the same ports; check link.rate, pcie.link, mtu and the error counters on both nodes");
+                }
+                f.evidence("measured Gb/s", format!("{gbps:.3}"))
+                    .evidence("expected Mbps", mbps.to_string())
+            }
+        };
+        self.findings.push(f);
+        Ok(())
+    }
+
+    /// Error counters before and after, on both ends.
+    fn counters(
+        &mut self,
+        roots: &Roots,
+        l: &CardDevice,
+        before: &BTreeMap<String, u64>,
+    ) -> Result<(), String> {
+        let after = read_counters(roots, l);
+        let deltas: Vec<(String, u64)> = after
+            .iter()
+            .filter(|(k, _)| ERROR_COUNTERS.iter().any(|e| k.ends_with(&format!("/{e}"))))
+            .filter_map(|(k, v)| Some((k.clone(), v.checked_sub(*before.get(k)?)?)))
+            .filter(|(_, d)| *d > 0)
+            .collect();
+        self.ctl.send(&Msg::Counters {
+            deltas: deltas.clone(),
+            read: after.len(),
+        })?;
+        let (theirs, their_read) = expect(self.ctl, "its counters", |m| match m {
+            Msg::Counters { deltas, read } => Some((deltas, read)),
+            _ => None,
+        })?;
+        let ends: Vec<End<'_>> = if self.loopback {
+            vec![("here", deltas, after.len())]
+        } else {
+            vec![
+                ("here", deltas, after.len()),
+                ("on the peer", theirs, their_read),
+            ]
+        };
+        for (whose, deltas, read) in ends {
+            if read == 0 {
+                self.finding(
+                    Severity::Unknown,
+                    "pair.counters",
+                    format!("no port counters readable {whose}"),
+                );
+            } else if deltas.is_empty() {
+                self.finding(
+                    Severity::Pass,
+                    "pair.counters",
+                    format!("no error counter rose {whose} ({read} counters read)"),
+                );
+            } else {
+                let list: Vec<String> = deltas.iter().map(|(k, d)| format!("{k} +{d}")).collect();
+                let f = self.finding(
+                    Severity::Warn,
+                    "pair.counters",
+                    format!(
+                        "error counters rose {whose} during the check: {}",
+                        list.join(", ")
+                    ),
+                );
+                f.fix = Some("packet loss or retries: check cables/transceivers, PFC/ECN on RoCE, and the switch port counters".to_owned());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a device can take part in the GPU check: CUDA works here and the plugin registers
+/// GPU memory on it.
+fn gpu_usable(device: &CardDevice) -> Result<(), String> {
+    nccl_net::cuda::driver().map_err(|e| e.to_string())?;
+    if device.memory.contains("cuda") || device.memory.contains("dmabuf") {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} registers {} memory only (see gdr.peermem/gdr.dmabuf)",
+            device.name, device.memory
+        ))
+    }
+}
+
+/// Receive each of [`CHECK_SIZES`] into the receive buffer and check it.
+fn receive_checked(
+    net: &Driver,
+    c: &mut Comms,
+    d: Instant,
+    seed: &dyn Fn(usize) -> u64,
+) -> Result<String, String> {
+    for (k, &size) in CHECK_SIZES.iter().enumerate() {
+        let (rc, mh, rptr) = (c.rc, c.rmh, c.rbuf.as_mut_ptr());
+        let sizes = net
+            .until_started("irecv", d, || net.irecv_step(rc, &[(rptr, BW_SIZE, 0, mh)]))
+            .and_then(|req| net.wait(req, d))
+            .map_err(|why| {
+                format!(
+                    "receiving message {k} ({size} B) failed: {}",
+                    with_cause(why)
+                )
+            })?;
+        let received = usize::try_from(sizes[0]).unwrap_or(0);
+        if received != size {
+            return Err(format!(
+                "message {k}: {received} bytes arrived, {size} were sent"
+            ));
+        }
+        let bytes = &c.rbuf[..size];
+        if !pattern_at(seed(k), 0, bytes) {
+            return Err(format!(
+                "message {k} ({size} B) differs from what was sent (first wrong byte at {})",
+                first_difference(seed(k), bytes)
+            ));
+        }
+    }
+    let total: usize = CHECK_SIZES.iter().sum();
+    Ok(format!(
+        "{} messages ({total} B, 1 B to 4 MiB) verified byte for byte",
+        CHECK_SIZES.len()
+    ))
+}
+
+fn first_difference(seed: u64, got: &[u8]) -> usize {
+    let expected = driver::pattern(seed, got.len());
+    expected
+        .iter()
+        .zip(got)
+        .position(|(a, b)| a != b)
+        .unwrap_or(got.len())
+}
+
+/// What the bandwidth should reach.
+enum Expected {
+    /// A device without PCI (Soft-RoCE): no meaningful rate.
+    Software,
+    /// The smaller of both ends' port rates and PCIe links, and which term it was.
+    Rate { mbps: u64, limit: String },
+}
+
+fn expected_mbps(l: &CardDevice, r: &CardDevice) -> Expected {
+    if l.members.iter().chain(&r.members).any(|m| m.pci.is_none()) {
+        return Expected::Software;
+    }
+    let pcie = |d: &CardDevice| {
+        d.members
+            .iter()
+            .map(|m| m.pcie_mbps.unwrap_or(u64::MAX))
+            .fold(0u64, u64::saturating_add)
+    };
+    let terms = [
+        (u64::from(l.speed_mbps), "this node's port rate"),
+        (u64::from(r.speed_mbps), "the peer's port rate"),
+        (pcie(l), "this node's PCIe link"),
+        (pcie(r), "the peer's PCIe link"),
+    ];
+    let (mbps, limit) = terms
+        .iter()
+        .min_by_key(|(m, _)| *m)
+        .copied()
+        .unwrap_or((1, ""));
+    Expected::Rate {
+        mbps: mbps.max(1),
+        limit: limit.to_owned(),
+    }
+}
+
+/// Every numeric file under the members' `counters/` and `hw_counters/`, keyed by path.
+fn read_counters(roots: &Roots, device: &CardDevice) -> BTreeMap<String, u64> {
+    let mut all = BTreeMap::new();
+    for m in &device.members {
+        for dir in [
+            format!(
+                "/sys/class/infiniband/{}/ports/{}/counters",
+                m.device, m.port
+            ),
+            format!(
+                "/sys/class/infiniband/{}/ports/{}/hw_counters",
+                m.device, m.port
+            ),
+            format!("/sys/class/infiniband/{}/hw_counters", m.device),
+        ] {
+            let Ok(listing) = std::fs::read_dir(roots.at(&dir)) else {
+                continue;
+            };
+            for entry in listing.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if let Some(v) = std::fs::read_to_string(entry.path())
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok())
+                {
+                    all.insert(format!("{dir}/{name}"), v);
+                }
+            }
+        }
+    }
+    all
+}

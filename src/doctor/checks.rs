@@ -1,0 +1,1312 @@
+//! The node checks: each judges [`NodeFacts`] and returns findings, never touching hardware
+//! itself (the facts carry verbs' answers and the plugin's decisions), so every branch is
+//! tested on fixture trees.
+
+use std::collections::BTreeMap;
+
+use super::facts::{NodeFacts, Origin, candidate_devices};
+use super::finding::{Finding, Severity};
+use super::pcie::{PcieLink, relaxed_ordering_enabled};
+use super::rows::{hca_port, pcie_function_dir, port_netdev};
+use crate::core::config::AddrFamily;
+use crate::topology::{
+    DmaBuf, GidEntry, HcaFilter, HcaPort, LinkLayer, NetDevice, PORT_ACTIVE, PeerMem, choose_gid,
+    mtu_bytes, phys_state_name, port_state_name,
+};
+
+/// Every node check: id and what it looks at, in report order (README lists them).
+pub const CHECKS: &[(&str, &str)] = &[
+    (
+        "verbs.provider",
+        "libibverbs lists the RDMA devices sysfs shows, and opens them",
+    ),
+    (
+        "dev.nodes",
+        "the /dev/infiniband/uverbsN of each device the plugin would open opens read-write",
+    ),
+    (
+        "memlock",
+        "the locked-memory limit covers what the plugin and NCCL pin for the expected connections",
+    ),
+    (
+        "port.state",
+        "each port NCCL_IB_HCA allows is ACTIVE (INIT/ARMED: no subnet manager; Polling: no cable or peer)",
+    ),
+    (
+        "link.rate",
+        "each used port runs at the rate of the fastest used port of its link layer",
+    ),
+    (
+        "mtu",
+        "active MTU against the port's maximum and, for RoCE, the netdev MTU",
+    ),
+    (
+        "roce.gid",
+        "the plugin's GID selection per RoCE port, with every candidate passed over and why",
+    ),
+    (
+        "gdr.peermem",
+        "the peer-memory module: registered, loaded but not registered, or absent",
+    ),
+    (
+        "gdr.dmabuf",
+        "DMA-BUF registration per device, and the plugin's GPUDirect verdict line",
+    ),
+    (
+        "relaxed.ordering",
+        "the plugin's relaxed-ordering decision and its inputs, against the NIC's PCIe Device Control",
+    ),
+    (
+        "pcie.link",
+        "the NIC's trained PCIe link against its maximum and the port rate",
+    ),
+    (
+        "topo.numa",
+        "NUMA node of each NIC, and GPUs without a NIC on their node",
+    ),
+    (
+        "iommu",
+        "IOMMU translation (DMA) or passthrough (identity) for each NIC",
+    ),
+    (
+        "versions.firmware",
+        "the same firmware on every used device",
+    ),
+    (
+        "env.config",
+        "every variable the plugin reads: value, origin, and the plugin's parse",
+    ),
+    (
+        "plugin.devices",
+        "the devices NCCL will get from the plugin, the ports left out and the fusions made",
+    ),
+];
+
+/// Run every node check.
+pub fn node_checks(facts: &NodeFacts) -> Vec<Finding> {
+    let checks: [fn(&NodeFacts) -> Vec<Finding>; 16] = [
+        verbs_provider,
+        dev_nodes,
+        memlock,
+        port_state,
+        link_rate,
+        mtu,
+        roce_gid,
+        gdr_peermem,
+        gdr_dmabuf,
+        relaxed_ordering,
+        pcie_link,
+        topo_numa,
+        iommu,
+        firmware,
+        env_config,
+        plugin_devices,
+    ];
+    checks.iter().flat_map(|check| check(facts)).collect()
+}
+
+/// Human-readable bytes: `8 MiB`, `263 MiB`, `1.5 GiB`.
+fn bytes(n: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    match n {
+        n if n >= 16 << 30 => format!("{} GiB", n >> 30),
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= MIB => format!("{} MiB", n.div_ceil(MIB)),
+        n => format!("{} KiB", n.div_ceil(1024)),
+    }
+}
+
+fn gbps(mbps: u64) -> String {
+    if mbps.is_multiple_of(1000) {
+        format!("{} Gb/s", mbps / 1000)
+    } else {
+        format!("{:.1} Gb/s", mbps as f64 / 1000.0)
+    }
+}
+
+/// Path of a port attribute, as on the node.
+fn port_path(device: &str, port: u32, name: &str) -> String {
+    format!("/sys/class/infiniband/{device}/ports/{port}/{name}")
+}
+
+/// The used member ports (every member of every device), with verbs' view of each.
+fn used_ports(facts: &NodeFacts) -> Vec<(&NetDevice, Option<&HcaPort>)> {
+    facts
+        .survey
+        .devices
+        .iter()
+        .flat_map(|d| &d.virt.members)
+        .map(|m| (m, hca_port(facts, m)))
+        .collect()
+}
+
+/// One SKIP when nothing was discovered, so port checks say why they have nothing to judge.
+fn nothing_to_check(check: &'static str, facts: &NodeFacts) -> Option<Vec<Finding>> {
+    if !facts.survey.devices.is_empty() {
+        return None;
+    }
+    let cause = if facts.survey.discovery.is_err() {
+        "verbs.provider"
+    } else {
+        "plugin.devices"
+    };
+    Some(vec![
+        Finding::new(
+            Severity::Skip,
+            check,
+            "node",
+            format!("no device to check (see {cause})"),
+        )
+        .depends_on(cause),
+    ])
+}
+
+fn verbs_provider(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "verbs.provider";
+    let in_sysfs: Vec<String> = candidate_devices(&facts.roots, None)
+        .into_iter()
+        .map(|(d, _)| d)
+        .collect();
+    let discovery = match &facts.survey.discovery {
+        Err(why) => {
+            return vec![
+                Finding::new(Severity::Fail, CHECK, "node", why.clone())
+                    .fix("`ibv_devices` must list the NIC: check `lsmod | grep ib_` and `dmesg` for its RDMA driver")
+                    .evidence("ibv_get_device_list()", why.clone()),
+            ];
+        }
+        Ok(d) => d,
+    };
+    if discovery.device_count == 0 {
+        let what = if in_sysfs.is_empty() {
+            "no RDMA device: /sys/class/infiniband is empty and libibverbs lists none".to_owned()
+        } else {
+            format!(
+                "sysfs shows {} but libibverbs lists no device: no provider library matches them",
+                in_sysfs.join(", ")
+            )
+        };
+        let fix = if in_sysfs.is_empty() {
+            "load the NIC's RDMA driver (mlx5_ib), or rdma_rxe for Soft-RoCE"
+        } else {
+            "install the rdma-core provider for the driver (ibverbs-providers, libmlx5) matching the \
+             host's kernel; in a container use the same rdma-core generation as the host"
+        };
+        return vec![
+            Finding::new(Severity::Fail, CHECK, "node", what)
+                .fix(fix)
+                .evidence("/sys/class/infiniband", in_sysfs.join(" "))
+                .evidence("ibv_get_device_list()", "0 devices"),
+        ];
+    }
+    let mut findings: Vec<Finding> = discovery
+        .problems
+        .iter()
+        .map(|problem| {
+            let device = problem.split(':').next().unwrap_or("node").to_owned();
+            Finding::new(Severity::Fail, CHECK, device, problem.clone())
+                .fix("see dev.nodes for the device node; check that the provider matches the kernel driver")
+                .evidence("ibv_open_device / ibv_query_device / ibv_query_port", problem.clone())
+        })
+        .collect();
+    if findings.is_empty() {
+        let mut names: Vec<&str> = discovery.ports.iter().map(|p| p.device.as_str()).collect();
+        names.dedup();
+        findings.push(
+            Finding::new(
+                Severity::Pass,
+                CHECK,
+                "node",
+                format!(
+                    "libibverbs lists {} device(s) and opens them: {}",
+                    discovery.device_count,
+                    names.join(", ")
+                ),
+            )
+            .evidence("/sys/class/infiniband", in_sysfs.join(" "))
+            .evidence(
+                "ibv_get_device_list()",
+                format!("{} devices", discovery.device_count),
+            ),
+        );
+    }
+    findings
+}
+
+/// The effective user id, from `/proc/self/status`.
+fn uid(facts: &NodeFacts) -> String {
+    facts
+        .roots
+        .read("/proc/self/status")
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().nth(1).map(str::to_owned))
+        })
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+fn dev_nodes(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "dev.nodes";
+    if facts.dev_nodes.is_empty() {
+        return vec![
+            Finding::new(
+                Severity::Skip,
+                CHECK,
+                "node",
+                "no RDMA device the plugin would open (none in sysfs, or NCCL_IB_HCA selects none)",
+            )
+            .depends_on("verbs.provider"),
+        ];
+    }
+    facts
+        .dev_nodes
+        .iter()
+        .map(|n| {
+            let f = match &n.open {
+                Ok(()) => Finding::new(
+                    Severity::Pass,
+                    CHECK,
+                    &n.device,
+                    format!("{} opens read-write", n.path),
+                ),
+                Err((errno, msg)) => {
+                    let (what, fix) = match *errno {
+                        libc::ENOENT => (
+                            format!("{} is missing (the container has no /dev/infiniband)", n.path),
+                            "expose the device: docker/podman `--device=/dev/infiniband`, Kubernetes \
+                             the RDMA device plugin's resource (e.g. rdma/rdma_shared_device_a), or \
+                             `--privileged` for a test"
+                                .to_owned(),
+                        ),
+                        libc::EACCES | libc::EPERM => (
+                            format!(
+                                "{} cannot be opened read-write by uid {} ({msg})",
+                                n.path,
+                                uid(facts)
+                            ),
+                            format!(
+                                "give the user access: `chmod 666 {}` or rdma-core's udev rule \
+                                 (MODE=\"0666\" for uverbs), or a group the node belongs to",
+                                n.path
+                            ),
+                        ),
+                        libc::ENODEV => (
+                            "no verbs node: ib_uverbs is not loaded".to_owned(),
+                            "modprobe ib_uverbs".to_owned(),
+                        ),
+                        _ => (format!("{} cannot be opened: {msg}", n.path), "check the device node".to_owned()),
+                    };
+                    Finding::new(Severity::Fail, CHECK, &n.device, what).fix(fix)
+                }
+            };
+            f.evidence(
+                format!("open({}, O_RDWR)", n.path),
+                match &n.open {
+                    Ok(()) => "ok".to_owned(),
+                    Err((_, m)) => m.clone(),
+                },
+            )
+        })
+        .collect()
+}
+
+fn memlock(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "memlock";
+    let m = &facts.memlock;
+    let b = facts.budget;
+    let need = b.total();
+    let nccl_part = if b.nccl_bytes == 0 {
+        "NCCL's buffers are in GPU memory".to_owned()
+    } else {
+        format!(
+            "NCCL 2 x {} NCCL_BUFFSIZE in host memory",
+            bytes(b.nccl_bytes / 2)
+        )
+    };
+    let need_text = format!(
+        "{} needed for {} connections (plugin {} + {nccl_part}, each)",
+        bytes(need),
+        b.connections,
+        bytes(b.plugin_bytes)
+    );
+    let f = if m.cap_ipc_lock {
+        Finding::new(
+            Severity::Pass,
+            CHECK,
+            "process",
+            format!("CAP_IPC_LOCK is effective, so the limit does not apply; {need_text}"),
+        )
+    } else {
+        match &m.soft {
+            Err(why) => Finding::new(
+                Severity::Unknown,
+                CHECK,
+                "process",
+                format!("limit unreadable: {why}"),
+            ),
+            Ok(None) => Finding::new(
+                Severity::Pass,
+                CHECK,
+                "process",
+                format!("unlimited; {need_text}"),
+            ),
+            Ok(Some(limit)) if *limit >= need => Finding::new(
+                Severity::Info,
+                CHECK,
+                "process",
+                format!(
+                    "limit {} covers {need_text}; more ranks per process need more",
+                    bytes(*limit)
+                ),
+            ),
+            Ok(Some(limit)) => {
+                let hard = match m.hard {
+                    None => "the hard limit is unlimited, so `ulimit -l unlimited` in the job script works".to_owned(),
+                    Some(h) => format!("the hard limit is {}", bytes(h)),
+                };
+                Finding::new(
+                    Severity::Fail,
+                    CHECK,
+                    "process",
+                    format!(
+                        "locked-memory limit {} < {need_text}: registrations fail with ENOMEM",
+                        bytes(*limit)
+                    ),
+                )
+                .fix(format!(
+                    "raise it where the job starts: docker `--ulimit memlock=-1`, Kubernetes via \
+                     the container runtime's LimitMEMLOCK=infinity, Slurm `PropagateResourceLimits` \
+                     and slurmd's LimitMEMLOCK=infinity, /etc/security/limits.conf `* - memlock \
+                     unlimited`; {hard}"
+                ))
+            }
+        }
+    };
+    vec![
+        f.evidence("/proc/self/limits", m.evidence.clone())
+            .evidence(
+                "/proc/self/status CapEff CAP_IPC_LOCK",
+                m.cap_ipc_lock.to_string(),
+            )
+            .evidence("budget bytes", need.to_string()),
+    ]
+}
+
+/// What a port's state means, in words, and what to do about it.
+fn explain_state(p: &HcaPort, netdev: Option<(&str, Option<String>)>) -> (String, String) {
+    let state = port_state_name(p.state);
+    let phys = phys_state_name(p.phys_state);
+    match (p.state, p.phys_state, netdev) {
+        (2 | 3, ..) => (
+            format!(
+                "{state}: the link is up but no subnet manager has configured the port (phys {phys})"
+            ),
+            "start or check the subnet manager (opensm, UFM) on this fabric".to_owned(),
+        ),
+        (_, _, Some((ifname, Some(oper)))) if oper != "up" && oper != "unknown" => (
+            format!("{state}: its netdev {ifname} is {oper} (phys {phys})"),
+            format!("`ip link set {ifname} up`; then check the cable and the switch port"),
+        ),
+        (_, 2, _) => (
+            format!("{state}, phys Polling: no cable or no peer on the other end"),
+            "check the cable or transceiver and that the switch port is enabled".to_owned(),
+        ),
+        (_, 3, _) => (
+            format!("{state}, phys Disabled: administratively down"),
+            "enable the port (switch or `ibportstate`)".to_owned(),
+        ),
+        _ => (
+            format!("{state} (phys {phys})"),
+            "check the cable, the switch port and `dmesg` for the NIC driver".to_owned(),
+        ),
+    }
+}
+
+fn port_state(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "port.state";
+    let Ok(discovery) = &facts.survey.discovery else {
+        return nothing_to_check(CHECK, facts).unwrap_or_default();
+    };
+    let filter = facts
+        .config
+        .ib_hca
+        .as_deref()
+        .and_then(|v| HcaFilter::parse(v).ok());
+    let usable = facts.survey.selection.is_ok();
+    let sysfs = facts.roots.sysfs();
+    let findings: Vec<Finding> = discovery
+        .ports
+        .iter()
+        .filter(|p| filter.as_ref().is_none_or(|f| f.allows(&p.device, p.port)))
+        .map(|p| {
+            let entity = format!("{}:{}", p.device, p.port);
+            let netdev = (p.link_layer == LinkLayer::Ethernet)
+                .then(|| port_netdev(facts, &p.device, p.port))
+                .flatten()
+                .map(|n| {
+                    let oper = sysfs.read_value(&format!("class/net/{n}/operstate"));
+                    (n, oper)
+                });
+            let evidence = |f: Finding| {
+                let f = ["state", "phys_state"].iter().fold(f, |f, name| {
+                    f.evidence(
+                        port_path(&p.device, p.port, name),
+                        sysfs
+                            .read_value(&format!(
+                                "class/infiniband/{}/ports/{}/{name}",
+                                p.device, p.port
+                            ))
+                            .unwrap_or_default(),
+                    )
+                });
+                match &netdev {
+                    Some((n, oper)) => f.evidence(
+                        format!("/sys/class/net/{n}/operstate"),
+                        oper.clone().unwrap_or_default(),
+                    ),
+                    None => f,
+                }
+            };
+            if p.state == PORT_ACTIVE {
+                let what = match p.link_layer {
+                    LinkLayer::InfiniBand => {
+                        format!("ACTIVE, LinkUp, LID {}, SM LID {}", p.lid, p.sm_lid)
+                    }
+                    _ => format!(
+                        "ACTIVE, {}{}",
+                        phys_state_name(p.phys_state),
+                        netdev
+                            .as_ref()
+                            .map(|(n, _)| format!(", netdev {n}"))
+                            .unwrap_or_default()
+                    ),
+                };
+                return evidence(Finding::new(Severity::Pass, CHECK, entity, what));
+            }
+            let (what, fix) =
+                explain_state(p, netdev.as_ref().map(|(n, o)| (n.as_str(), o.clone())));
+            // A port the operator named, or the last hope for any device, is a failure; an
+            // unused spare port is only worth a warning.
+            let (severity, note) = if filter.is_some() || !usable {
+                (Severity::Fail, "")
+            } else {
+                (Severity::Warn, "; NCCL will not use it")
+            };
+            evidence(Finding::new(severity, CHECK, entity, format!("{what}{note}")).fix(fix))
+        })
+        .collect();
+    if findings.is_empty() {
+        return vec![
+            Finding::new(
+                Severity::Skip,
+                CHECK,
+                "node",
+                "no port to check (NCCL_IB_HCA allows none)",
+            )
+            .depends_on("env.config"),
+        ];
+    }
+    findings
+}
+
+fn link_rate(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "link.rate";
+    if let Some(skip) = nothing_to_check(CHECK, facts) {
+        return skip;
+    }
+    let sysfs = facts.roots.sysfs();
+    let ports = used_ports(facts);
+    ports
+        .iter()
+        .map(|(m, _)| {
+            let fastest = ports
+                .iter()
+                .filter(|(o, _)| o.link_layer == m.link_layer && o.pci.is_some())
+                .map(|(o, _)| o.speed_mbps)
+                .max()
+                .unwrap_or(m.speed_mbps);
+            let rate_text = sysfs
+                .read_value(&format!("class/infiniband/{}/ports/{}/rate", m.device, m.port))
+                .unwrap_or_default();
+            let f = if m.pci.is_none() {
+                Finding::new(
+                    Severity::Info,
+                    CHECK,
+                    &m.name,
+                    format!("software device: nominal {}, not compared", gbps(m.speed_mbps.into())),
+                )
+            } else if m.speed_mbps < fastest {
+                Finding::new(
+                    Severity::Warn,
+                    CHECK,
+                    &m.name,
+                    format!(
+                        "runs at {} while the fastest {} port runs at {}",
+                        gbps(m.speed_mbps.into()),
+                        m.link_layer,
+                        gbps(fastest.into())
+                    ),
+                )
+                .fix("check the cable and the switch port speed (`ibdiagnet --ls`, `ethtool`), reseat or replace the cable")
+            } else {
+                Finding::new(Severity::Pass, CHECK, &m.name, gbps(m.speed_mbps.into()))
+            };
+            f.evidence(port_path(&m.device, m.port, "rate"), rate_text)
+        })
+        .collect()
+}
+
+fn mtu(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "mtu";
+    if let Some(skip) = nothing_to_check(CHECK, facts) {
+        return skip;
+    }
+    let sysfs = facts.roots.sysfs();
+    let ports = used_ports(facts);
+    let mut findings: Vec<Finding> = ports
+        .iter()
+        .map(|(m, p)| {
+            let Some(p) = p else {
+                return Finding::new(Severity::Unknown, CHECK, &m.name, "port not queried");
+            };
+            let (active, max) = (mtu_bytes(p.active_mtu), mtu_bytes(p.max_mtu));
+            let netdev = port_netdev(facts, &m.device, m.port)
+                .filter(|_| m.link_layer == LinkLayer::Ethernet)
+                .map(|n| {
+                    let mtu = sysfs.read_value(&format!("class/net/{n}/mtu"));
+                    (n, mtu)
+                });
+            let mut f = if active < max {
+                let (why, fix) = match &netdev {
+                    Some((n, mtu)) => (
+                        format!(", netdev {n} MTU {}", mtu.as_deref().unwrap_or("?")),
+                        format!(
+                            "set the MTU of {n} (and of the switch ports) to at least {} for an \
+                             active MTU of {max}: `ip link set {n} mtu 9000`",
+                            max + 104
+                        ),
+                    ),
+                    None => (
+                        String::new(),
+                        "raise the MTU of the subnet (the SM's partition config) or check the peer port".to_owned(),
+                    ),
+                };
+                Finding::new(
+                    Severity::Warn,
+                    CHECK,
+                    &m.name,
+                    format!("active MTU {active} < max {max}{why}: more packets per message, lower bandwidth"),
+                )
+                .fix(fix)
+            } else {
+                Finding::new(Severity::Pass, CHECK, &m.name, format!("active MTU {active} (max {max})"))
+            };
+            f = f.evidence(format!("ibv_query_port({}, {}) active_mtu/max_mtu", m.device, m.port), format!("{active}/{max}"));
+            if let Some((n, mtu)) = netdev {
+                f = f.evidence(format!("/sys/class/net/{n}/mtu"), mtu.unwrap_or_default());
+            }
+            f
+        })
+        .collect();
+    let mut actives: Vec<(u32, &str)> = ports
+        .iter()
+        .filter_map(|(m, p)| Some((mtu_bytes(p.as_ref()?.active_mtu), m.name.as_str())))
+        .collect();
+    actives.sort_unstable();
+    if let (Some(low), Some(high)) = (actives.first(), actives.last())
+        && low.0 != high.0
+    {
+        findings.push(
+            Finding::new(
+                Severity::Warn,
+                CHECK,
+                "node",
+                format!(
+                    "used ports differ in active MTU ({} {} .. {} {}): connections between them use the smaller",
+                    low.1, low.0, high.1, high.0
+                ),
+            )
+            .fix("use one MTU on every RoCE netdev and switch port of the job"),
+        );
+    }
+    findings
+}
+
+/// `index 1 ::ffff:127.0.1.1 (RoCE v2, veth0)`.
+fn describe_gid(e: &GidEntry) -> String {
+    let mut s = format!("index {} {}", e.index, e.ip());
+    let version = e.roce_version.map_or("?".to_owned(), |v| format!("v{v}"));
+    s.push_str(&format!(" (RoCE {version}"));
+    if let Some(n) = &e.netdev {
+        s.push_str(&format!(", {n}"));
+    }
+    s.push(')');
+    s
+}
+
+fn roce_gid(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "roce.gid";
+    if let Some(skip) = nothing_to_check(CHECK, facts) {
+        return skip;
+    }
+    let sysfs = facts.roots.sysfs();
+    let c = &facts.config;
+    let mut families: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+    let mut findings: Vec<Finding> = used_ports(facts)
+        .into_iter()
+        .map(|(m, _)| {
+            if m.link_layer != LinkLayer::Ethernet {
+                return Finding::new(
+                    Severity::Skip,
+                    CHECK,
+                    &m.name,
+                    "InfiniBand port: addressed by LID, no GID selection",
+                );
+            }
+            let table = sysfs.port_gids(&m.device, m.port);
+            let choice = choose_gid(&table, c.gid_index, c.addr_family, c.roce_version);
+            let passed_over: Vec<String> = choice
+                .candidates
+                .iter()
+                .filter_map(|cand| {
+                    let why = cand.rejected.as_ref()?;
+                    Some(format!("{}: {why}", describe_gid(&cand.entry)))
+                })
+                .collect();
+            let passed_over = if passed_over.is_empty() {
+                String::new()
+            } else {
+                format!("; passed over: {}", passed_over.join("; "))
+            };
+            let netdev = port_netdev(facts, &m.device, m.port).unwrap_or_else(|| "its netdev".to_owned());
+            let mut f = match &choice.chosen {
+                Err(why) => Finding::new(Severity::Fail, CHECK, &m.name, format!("no usable GID: {why}"))
+                    .fix(if c.gid_index.is_some() {
+                        "unset NCCL_IB_GID_INDEX (automatic selection) or set it to a populated index".to_owned()
+                    } else {
+                        format!("add an IP address to {netdev}")
+                    }),
+                Ok(gid) if choice.shortfalls.is_empty() => Finding::new(
+                    Severity::Pass,
+                    CHECK,
+                    &m.name,
+                    format!("uses GID {}{passed_over}", describe_gid(gid)),
+                ),
+                Ok(gid) => {
+                    let fix = if gid.gid[0] == 0xfe {
+                        format!("add a routable address to {netdev} (link-local GIDs do not cross a router)")
+                    } else if c.gid_index.is_some() {
+                        "unset NCCL_IB_GID_INDEX to let the plugin pick, or pin an index that meets the preferences".to_owned()
+                    } else {
+                        format!(
+                            "give {netdev} an address of the preferred family, or set NCCL_IB_ADDR_FAMILY/NCCL_IB_ROCE_VERSION_NUM \
+                             to what the port has, the same on every node"
+                        )
+                    };
+                    Finding::new(
+                        Severity::Warn,
+                        CHECK,
+                        &m.name,
+                        format!(
+                            "uses GID {}, which is {}{passed_over}",
+                            describe_gid(gid),
+                            choice.shortfalls.join(", ")
+                        ),
+                    )
+                    .fix(fix)
+                }
+            };
+            if let Ok(gid) = &choice.chosen {
+                let family = match gid.family() {
+                    AddrFamily::V4 => "IPv4",
+                    AddrFamily::V6 => "IPv6",
+                };
+                families.entry(family).or_default().push(m.name.clone());
+            }
+            for cand in &choice.candidates {
+                let e = &cand.entry;
+                f = f.evidence(
+                    port_path(&m.device, m.port, &format!("gids/{}", e.index)),
+                    format!(
+                        "{} {}",
+                        std::net::Ipv6Addr::from(e.gid),
+                        e.roce_version.map_or("type unreadable".to_owned(), |v| format!("RoCE v{v}"))
+                    ),
+                );
+            }
+            f
+        })
+        .collect();
+    if families.len() > 1 {
+        let split: Vec<String> = families
+            .iter()
+            .map(|(family, ports)| format!("{family}: {}", ports.join(" ")))
+            .collect();
+        findings.push(
+            Finding::new(
+                Severity::Warn,
+                CHECK,
+                "node",
+                format!(
+                    "used ports chose GIDs of different families ({}): a peer must match each",
+                    split.join("; ")
+                ),
+            )
+            .fix("give every RoCE netdev an address of one family, or pin NCCL_IB_ADDR_FAMILY"),
+        );
+    }
+    findings
+}
+
+fn gdr_peermem(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "gdr.peermem";
+    let g = &facts.gpu;
+    let dmabuf_anywhere = facts.survey.devices.iter().any(|d| d.memory.dmabuf);
+    let evidence = |f: Finding| {
+        f.evidence(
+            "/sys/kernel/mm/memory_peers, /sys/module/nvidia_peermem, /proc/modules",
+            g.peermem.to_string(),
+        )
+    };
+    let f = match (&g.cuda, &g.peermem) {
+        (Err(why), _) => Finding::new(
+            Severity::Skip,
+            CHECK,
+            "node",
+            format!("no CUDA driver ({why}): GPU memory is never registered"),
+        ),
+        (Ok(()), PeerMem::Registered { .. }) => Finding::new(Severity::Pass, CHECK, "node", g.peermem.to_string()),
+        (Ok(()), PeerMem::LoadedNotRegistered { .. }) => Finding::new(
+            Severity::Warn,
+            CHECK,
+            "node",
+            if dmabuf_anywhere {
+                "nvidia_peermem is loaded but not registered; GPUDirect RDMA goes through DMA-BUF instead".to_owned()
+            } else {
+                "nvidia_peermem is loaded but not registered, and DMA-BUF is unavailable: GPUDirect RDMA is off (NCCL prints \"GPU Direct RDMA Disabled\")".to_owned()
+            },
+        )
+        .fix("reload it after the RDMA stack (`modprobe -r nvidia_peermem && modprobe nvidia_peermem`), or use DMA-BUF (kernel >= 5.12, NVIDIA open kernel module)"),
+        (Ok(()), PeerMem::Absent) if dmabuf_anywhere => Finding::new(
+            Severity::Info,
+            CHECK,
+            "node",
+            "no peer-memory module; not needed: GPUDirect RDMA goes through DMA-BUF",
+        ),
+        (Ok(()), PeerMem::Absent) => Finding::new(
+            Severity::Warn,
+            CHECK,
+            "node",
+            "no peer-memory module and no DMA-BUF: GPUDirect RDMA is off, NCCL stages through host memory",
+        )
+        .fix("`modprobe nvidia_peermem` (needs MOFED/DOCA-OFED), or use DMA-BUF (kernel >= 5.12, NVIDIA open kernel module)"),
+    };
+    vec![evidence(f)]
+}
+
+fn gdr_dmabuf(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "gdr.dmabuf";
+    if let Some(skip) = nothing_to_check(CHECK, facts) {
+        return skip;
+    }
+    let peermem = facts.gpu.peermem.usable();
+    facts
+        .survey
+        .devices
+        .iter()
+        .map(|d| {
+            let name = d.virt.name();
+            // The plugin's own line, without the device name the entity already shows.
+            let line = d.gdr_line.strip_prefix(&format!("{name}: ")).unwrap_or(&d.gdr_line);
+            let f = match (&facts.gpu.cuda, &d.dmabuf) {
+                (Err(_), _) => Finding::new(Severity::Skip, CHECK, &name, line),
+                (Ok(()), DmaBuf::Supported) => Finding::new(Severity::Pass, CHECK, &name, line),
+                (Ok(()), DmaBuf::Disabled) => Finding::new(Severity::Info, CHECK, &name, line),
+                (Ok(()), DmaBuf::Unsupported(_)) if peermem => {
+                    Finding::new(Severity::Info, CHECK, &name, line)
+                }
+                (Ok(()), DmaBuf::Unsupported(_)) => Finding::new(Severity::Warn, CHECK, &name, line)
+                    .fix("DMA-BUF needs kernel >= 5.12, rdma-core >= 34 and NVIDIA's open kernel module; or load nvidia_peermem"),
+            };
+            f.evidence("ibv_reg_dmabuf_mr(pd, 0, 0, 0, fd=-1, 0)", d.dmabuf.to_string())
+        })
+        .collect()
+}
+
+fn relaxed_ordering(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "relaxed.ordering";
+    if let Some(skip) = nothing_to_check(CHECK, facts) {
+        return skip;
+    }
+    let virtualised = facts.gpu.hypervisor.is_some();
+    facts
+        .survey
+        .devices
+        .iter()
+        .flat_map(|d| d.virt.members.iter().zip(&d.relaxed_ordering))
+        .map(|(m, (on, line))| {
+            let line = line.strip_prefix(&format!("{}: ", m.name)).unwrap_or(line);
+            let vf = m.pci.as_ref().is_some_and(|f| f.is_vf());
+            let control = m.pci_path.as_ref().map(|dir| {
+                std::fs::read(dir.join("config"))
+                    .map_err(|e| e.to_string())
+                    .and_then(|c| relaxed_ordering_enabled(&c))
+            });
+            let f = match (on, &control) {
+                // No PCIe between the device and memory: the decision stands but means nothing.
+                (_, None) => Finding::new(
+                    Severity::Info,
+                    CHECK,
+                    &m.name,
+                    format!("software device, no PCIe to order: {line}"),
+                ),
+                (true, Some(Ok(false))) => Finding::new(
+                    Severity::Warn,
+                    CHECK,
+                    &m.name,
+                    format!("{line}; but the function's PCIe Device Control has Enable Relaxed Ordering clear, so the NIC will not use it"),
+                )
+                .fix("enable relaxed ordering in the NIC (mlxconfig PCI_WR_ORDERING=per_mkey, the default) and, in a VM, let the hypervisor pass it through"),
+                (false, _) if vf || virtualised => Finding::new(
+                    Severity::Warn,
+                    CHECK,
+                    &m.name,
+                    format!("{line}; a VF or VM without relaxed ordering can run GPUDirect writes at a fraction of line rate"),
+                )
+                .fix("NCCL_IB_PCI_RELAXED_ORDERING=1 (or 2, the default) with an rdma-core that has ibv_reg_mr_iova2 (>= 22)"),
+                _ => Finding::new(Severity::Pass, CHECK, &m.name, line),
+            };
+            let control_text = match control {
+                None => "no PCI function (software device)".to_owned(),
+                Some(Ok(bit)) => format!("Enable Relaxed Ordering {}", if bit { "set" } else { "clear" }),
+                Some(Err(why)) => why,
+            };
+            f.evidence(
+                m.pci_path.as_ref().map_or("PCI config space".to_owned(), |p| {
+                    format!("{}/config Device Control", super::facts::shown(p, &facts.roots))
+                }),
+                control_text,
+            )
+        })
+        .collect()
+}
+
+fn pcie_link(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "pcie.link";
+    if let Some(skip) = nothing_to_check(CHECK, facts) {
+        return skip;
+    }
+    used_ports(facts)
+        .into_iter()
+        .map(|(m, _)| {
+            let Some(dir) = pcie_function_dir(m) else {
+                return Finding::new(Severity::Skip, CHECK, &m.name, "no PCI function (software device)");
+            };
+            let shown = super::facts::shown(&dir, &facts.roots);
+            let (current, max) = (PcieLink::read(&dir, "current"), PcieLink::read(&dir, "max"));
+            let (Some(current), Some(max)) = (current, max) else {
+                return Finding::new(Severity::Unknown, CHECK, &m.name, "link speed/width unreadable")
+                    .evidence(format!("{shown}/current_link_speed"), "unreadable");
+            };
+            let port = u64::from(m.speed_mbps);
+            let f = if current.mbps() < port {
+                Finding::new(
+                    Severity::Fail,
+                    CHECK,
+                    &m.name,
+                    format!(
+                        "PCIe {} carries {} < the port's {}",
+                        current.describe(),
+                        gbps(current.mbps()),
+                        gbps(port)
+                    ),
+                )
+                .fix("reseat the card or move it to a full-width slot; check BIOS bifurcation and `dmesg | grep -i 'limited by'`")
+            } else if current.mbps() < max.mbps() {
+                Finding::new(
+                    Severity::Warn,
+                    CHECK,
+                    &m.name,
+                    format!("trained {} below its maximum {}", current.describe(), max.describe()),
+                )
+                .fix("reseat the card; check the slot's width and BIOS PCIe settings")
+            } else {
+                Finding::new(
+                    Severity::Pass,
+                    CHECK,
+                    &m.name,
+                    format!("{} ({}) for a {} port", current.describe(), gbps(current.mbps()), gbps(port)),
+                )
+            };
+            f.evidence(format!("{shown}/current_link_speed,_width"), current.describe())
+                .evidence(format!("{shown}/max_link_speed,_width"), max.describe())
+        })
+        .collect()
+}
+
+/// NVIDIA GPUs on the PCI bus (vendor 0x10de, display class), with their NUMA nodes.
+fn gpus(facts: &NodeFacts) -> Vec<(String, Option<u32>)> {
+    let dir = facts.roots.at("/sys/bus/pci/devices");
+    let mut found: Vec<(String, Option<u32>)> = std::fs::read_dir(dir)
+        .map(|listing| {
+            listing
+                .filter_map(|e| {
+                    let e = e.ok()?;
+                    let read = |name: &str| std::fs::read_to_string(e.path().join(name)).ok();
+                    let vendor = read("vendor")?;
+                    let class = read("class")?;
+                    (vendor.trim() == "0x10de" && class.trim().starts_with("0x03")).then(|| {
+                        let numa = read("numa_node").and_then(|n| n.trim().parse().ok());
+                        (e.file_name().to_string_lossy().into_owned(), numa)
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+fn topo_numa(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "topo.numa";
+    if let Some(skip) = nothing_to_check(CHECK, facts) {
+        return skip;
+    }
+    let nics: Vec<(&NetDevice, Option<u32>)> = used_ports(facts)
+        .into_iter()
+        .filter_map(|(m, _)| Some((m, m.pci.as_ref()?.numa_node)).filter(|_| m.pci.is_some()))
+        .collect();
+    if nics.is_empty() {
+        return vec![Finding::new(
+            Severity::Skip,
+            CHECK,
+            "node",
+            "no PCI NIC used (software devices only)",
+        )];
+    }
+    let nodes = std::fs::read_dir(facts.roots.at("/sys/devices/system/node"))
+        .map(|l| {
+            l.filter(|e| {
+                e.as_ref().is_ok_and(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .strip_prefix("node")
+                        .is_some_and(|n| n.parse::<u32>().is_ok())
+                })
+            })
+            .count()
+        })
+        .unwrap_or(1);
+    let placement: Vec<String> = nics
+        .iter()
+        .map(|(m, n)| {
+            format!(
+                "{} node {}",
+                m.name,
+                n.map_or("?".to_owned(), |n| n.to_string())
+            )
+        })
+        .collect();
+    let mut findings = Vec::new();
+    let unknown: Vec<&str> = nics
+        .iter()
+        .filter(|(_, n)| n.is_none())
+        .map(|(m, _)| m.name.as_str())
+        .collect();
+    if !unknown.is_empty() && nodes > 1 {
+        findings.push(
+            Finding::new(
+                Severity::Warn,
+                CHECK,
+                unknown.join(" "),
+                format!("no NUMA node reported on a {nodes}-node machine: NCCL cannot pair GPUs with their nearest NIC"),
+            )
+            .fix("enable NUMA/SRAT reporting in the BIOS (or the VM's NUMA topology)"),
+        );
+    }
+    let gpus = gpus(facts);
+    let nic_nodes: Vec<u32> = nics.iter().filter_map(|(_, n)| *n).collect();
+    let mut lonely: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for (gpu, node) in &gpus {
+        if let Some(n) = node
+            && !nic_nodes.contains(n)
+        {
+            lonely.entry(*n).or_default().push(gpu.clone());
+        }
+    }
+    for (node, list) in &lonely {
+        findings.push(
+            Finding::new(
+                Severity::Warn,
+                CHECK,
+                format!("node {node}"),
+                format!(
+                    "GPUs {} have no used NIC on their NUMA node ({}): their traffic crosses the socket link",
+                    list.join(" "),
+                    placement.join(", ")
+                ),
+            )
+            .fix("use a NIC on that node (NCCL_IB_HCA) or move the card; check `nvidia-smi topo -m`"),
+        );
+    }
+    if findings.is_empty() {
+        let gpu_text = if gpus.is_empty() {
+            "no NVIDIA GPU on the PCI bus".to_owned()
+        } else {
+            format!("{} GPUs, each with a NIC on its node", gpus.len())
+        };
+        findings.push(Finding::new(
+            Severity::Pass,
+            CHECK,
+            "node",
+            format!("{}; {gpu_text}", placement.join(", ")),
+        ));
+    }
+    findings
+}
+
+fn iommu(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "iommu";
+    if let Some(skip) = nothing_to_check(CHECK, facts) {
+        return skip;
+    }
+    let cmdline = facts.roots.read("/proc/cmdline").unwrap_or_default();
+    let in_vm = facts.context.vm.is_some();
+    used_ports(facts)
+        .into_iter()
+        .map(|(m, _)| {
+            let Some(dir) = m.pci_path.as_ref().filter(|_| m.pci.is_some()) else {
+                return Finding::new(Severity::Skip, CHECK, &m.name, "no PCI function (software device)");
+            };
+            let shown = super::facts::shown(dir, &facts.roots);
+            let kind = std::fs::read_to_string(dir.join("iommu_group/type")).ok();
+            let f = match kind.as_deref().map(str::trim) {
+                None if dir.join("iommu_group").exists() => {
+                    Finding::new(Severity::Unknown, CHECK, &m.name, "IOMMU group type unreadable")
+                }
+                None => Finding::new(Severity::Pass, CHECK, &m.name, "no IOMMU group: DMA is not translated"),
+                Some("identity") => Finding::new(Severity::Pass, CHECK, &m.name, "IOMMU passthrough (identity)"),
+                Some(t) if in_vm => Finding::new(
+                    Severity::Info,
+                    CHECK,
+                    &m.name,
+                    format!("IOMMU translates ({t}); expected in a VM (GPUDirect needs ATS and relaxed ordering there)"),
+                ),
+                Some(t) => Finding::new(
+                    Severity::Warn,
+                    CHECK,
+                    &m.name,
+                    format!("IOMMU translates DMA ({t}): every RDMA access pays an IOTLB lookup and peer-to-peer may be redirected"),
+                )
+                .fix("boot with `iommu=pt` (intel_iommu=on iommu=pt / amd_iommu=pt)"),
+            };
+            f.evidence(format!("{shown}/iommu_group/type"), kind.unwrap_or_else(|| "absent".to_owned()).trim().to_owned())
+                .evidence("/proc/cmdline", cmdline.clone())
+        })
+        .collect()
+}
+
+fn firmware(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "versions.firmware";
+    if let Some(skip) = nothing_to_check(CHECK, facts) {
+        return skip;
+    }
+    let sysfs = facts.roots.sysfs();
+    let mut devices: Vec<&str> = used_ports(facts)
+        .iter()
+        .map(|(m, _)| m.device.as_str())
+        .collect();
+    devices.sort_unstable();
+    devices.dedup();
+    let versions: Vec<(&str, Option<String>)> = devices
+        .iter()
+        .map(|d| {
+            (
+                *d,
+                sysfs.read_value(&format!("class/infiniband/{d}/fw_ver")),
+            )
+        })
+        .collect();
+    let mut by_version: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (d, v) in &versions {
+        if let Some(v) = v {
+            by_version.entry(v.as_str()).or_default().push(d);
+        }
+    }
+    let listing: Vec<String> = by_version
+        .iter()
+        .map(|(v, ds)| format!("{v} on {}", ds.join(" ")))
+        .collect();
+    let f = if by_version.is_empty() {
+        Finding::new(
+            Severity::Skip,
+            CHECK,
+            "node",
+            "no device reports a firmware version (software devices)",
+        )
+    } else if by_version.len() > 1 {
+        Finding::new(
+            Severity::Warn,
+            CHECK,
+            "node",
+            format!("used devices run different firmware: {}", listing.join("; ")),
+        )
+        .fix("update every NIC to one firmware release (mlxfwmanager / mstflint), then reboot or reset the NICs")
+    } else {
+        Finding::new(Severity::Pass, CHECK, "node", listing.join("; "))
+    };
+    vec![versions.iter().fold(f, |f, (d, v)| {
+        f.evidence(
+            format!("/sys/class/infiniband/{d}/fw_ver"),
+            v.clone().unwrap_or_default(),
+        )
+    })]
+}
+
+fn env_config(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "env.config";
+    let e = &facts.effective;
+    let mut findings = Vec::new();
+    if let Err(err) = &e.parsed {
+        findings.push(
+            Finding::new(
+                Severity::Fail,
+                CHECK,
+                "plugin",
+                format!("init would refuse: {err}"),
+            )
+            .fix("correct or unset the variable; the plugin's defaults are in the README"),
+        );
+    }
+    if let (Some(hca), Err(why)) = (&facts.config.ib_hca, &facts.survey.selection)
+        && facts.survey.discovery.is_ok()
+    {
+        findings.push(
+            Finding::new(Severity::Fail, CHECK, "NCCL_IB_HCA", why.clone())
+                .fix(format!("list the active ports (`ibv_devinfo`) and set NCCL_IB_HCA to match them, or unset it (was '{hca}')")),
+        );
+    }
+    for file in &e.files {
+        for note in &file.notes {
+            findings.push(
+                Finding::new(Severity::Warn, CHECK, file.path.clone(), note.clone())
+                    .fix("write NAME=value with no spaces around '='"),
+            );
+        }
+    }
+    let set: Vec<String> = e
+        .settings
+        .iter()
+        .filter(|s| s.origin != Origin::Default)
+        .map(|s| {
+            format!(
+                "{}={} ({})",
+                s.name,
+                s.value.as_deref().unwrap_or(""),
+                s.origin
+            )
+        })
+        .collect();
+    let files: Vec<String> = e
+        .files
+        .iter()
+        .map(|f| format!("{}{}", f.path, if f.present { "" } else { " (absent)" }))
+        .collect();
+    let what = if set.is_empty() {
+        format!(
+            "all {} variables at their defaults; read {}",
+            e.settings.len(),
+            files.join(", ")
+        )
+    } else {
+        format!(
+            "{}; {} others at their defaults; read {}",
+            set.join(", "),
+            e.settings.len() - set.len(),
+            files.join(", ")
+        )
+    };
+    let info = e.settings.iter().fold(
+        Finding::new(Severity::Info, CHECK, "plugin", what),
+        |f, s| {
+            f.evidence(
+                s.name,
+                match &s.value {
+                    Some(v) => format!("{v} ({})", s.origin),
+                    None => format!("unset (default {})", s.default),
+                },
+            )
+        },
+    );
+    findings.push(info);
+    findings
+}
+
+fn plugin_devices(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "plugin.devices";
+    let s = &facts.survey;
+    match &s.selection {
+        Err(_) if s.discovery.is_err() => vec![
+            Finding::new(
+                Severity::Fail,
+                CHECK,
+                "plugin",
+                "NCCL would get 0 devices and fall back to sockets (see verbs.provider)",
+            )
+            .depends_on("verbs.provider"),
+        ],
+        Err(why) => vec![
+            Finding::new(
+                Severity::Fail,
+                CHECK,
+                "plugin",
+                format!("NCCL would get 0 devices and fall back to sockets: {why}"),
+            )
+            .fix("see the port.state, verbs.provider and env.config lines above"),
+        ],
+        Ok(selection) => {
+            let list: Vec<String> = s
+                .devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    format!(
+                        "[{i}] {} ({} {})",
+                        d.virt.name(),
+                        d.virt.first().link_layer,
+                        gbps(d.virt.speed_mbps().into())
+                    )
+                })
+                .collect();
+            let mut what = format!(
+                "NCCL gets {} device(s): {}",
+                s.devices.len(),
+                list.join(", ")
+            );
+            if !selection.skipped.is_empty() {
+                what.push_str(&format!("; not used: {}", selection.skipped.join("; ")));
+            }
+            let f = Finding::new(Severity::Pass, CHECK, "plugin", what);
+            let f = s
+                .fusion_decisions
+                .iter()
+                .fold(f, |f, d| f.evidence("fusion", d.clone()));
+            vec![s.devices.iter().fold(f, |f, d| {
+                f.evidence(
+                    format!("device {}", d.virt.name()),
+                    format!(
+                        "speed {} Mbps, pciPath {}, guid {:#x}, maxComms {}, memory {}",
+                        d.virt.speed_mbps(),
+                        d.virt
+                            .pci_path()
+                            .map_or("NULL".to_owned(), |p| super::facts::shown(p, &facts.roots)),
+                        d.virt.first().guid,
+                        d.virt.max_comms(),
+                        d.memory.kinds()
+                    ),
+                )
+            })]
+        }
+    }
+}

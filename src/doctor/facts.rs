@@ -1,0 +1,499 @@
+//! What the doctor knows about a node before it judges anything: the configuration as NCCL
+//! would hand it to the plugin (and where each value came from), the plugin's survey, the
+//! process's locked-memory limit, the device nodes the plugin would open, and whether this is a
+//! container or a VM. Files are read under [`Roots`], so tests use fixture trees.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::core::config::{Config, KNOBS};
+use crate::core::error::Error;
+use crate::plugin::{DeviceModel, DmaBufProbe, GpuFacts, Survey};
+use crate::topology::{HcaFilter, SysfsRoot};
+use crate::transport::pinned_bytes_per_connection;
+use crate::verbs::Discovery;
+
+/// The filesystem root everything is read under: `/` on a node, a fixture tree in tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Roots {
+    /// Directory that holds `sys/`, `proc/`, `dev/` and `etc/`.
+    pub fs: PathBuf,
+}
+
+impl Default for Roots {
+    fn default() -> Self {
+        Self { fs: "/".into() }
+    }
+}
+
+impl Roots {
+    /// `path` (absolute, as on the node) under the root.
+    pub fn at(&self, path: &str) -> PathBuf {
+        self.fs.join(path.trim_start_matches('/'))
+    }
+
+    /// The sysfs tree.
+    pub fn sysfs(&self) -> SysfsRoot {
+        SysfsRoot::new(self.at("/sys"))
+    }
+
+    /// The text of `path` under the root, trimmed; `None` when unreadable or empty.
+    pub fn read(&self, path: &str) -> Option<String> {
+        std::fs::read_to_string(self.at(path))
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    }
+}
+
+/// Where a variable's value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The process environment.
+    Environment,
+    /// A configuration file NCCL reads (`/etc/nccl.conf`, `~/.nccl.conf`, `NCCL_CONF_FILE`).
+    File {
+        /// The file, as named on the node.
+        path: String,
+        /// 1-based line.
+        line: usize,
+    },
+    /// Unset: the plugin's default applies.
+    Default,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Environment => f.write_str("environment"),
+            Self::File { path, line } => write!(f, "{path}:{line}"),
+            Self::Default => f.write_str("default"),
+        }
+    }
+}
+
+/// One variable the plugin reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Setting {
+    /// The variable.
+    pub name: &'static str,
+    /// Its value, lossily decoded; `None` when unset.
+    pub value: Option<String>,
+    /// Where the value came from.
+    pub origin: Origin,
+    /// The plugin's default.
+    pub default: &'static str,
+}
+
+/// A configuration file NCCL would read, and the lines it would ignore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfFile {
+    /// As named on the node.
+    pub path: String,
+    /// Whether it exists.
+    pub present: bool,
+    /// `line N: why` for each line NCCL skips or reads differently than it looks.
+    pub notes: Vec<String>,
+}
+
+/// The configuration as NCCL hands it to the plugin, with the origin of every value.
+#[derive(Debug)]
+pub struct EffectiveConfig {
+    /// One entry per variable the plugin reads ([`KNOBS`]), in that order.
+    pub settings: Vec<Setting>,
+    /// The configuration files, in the order NCCL reads them.
+    pub files: Vec<ConfFile>,
+    /// The plugin's own parse of the values: what `init` would decide or refuse.
+    pub parsed: Result<Config, Error>,
+}
+
+/// `NAME=value` entries of one configuration file, as NCCL's `setEnvFile` reads them: lines
+/// starting with `#` are comments, the name is everything before the first `=` (spaces
+/// included), the value everything after it; CR/LF are stripped.
+fn read_conf(text: &str) -> (Vec<(String, String, usize)>, Vec<String>) {
+    let mut entries = Vec::new();
+    let mut notes = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim_end_matches('\r');
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((name, value)) = line.split_once('=') else {
+            notes.push(format!("line {}: no '=', ignored by NCCL", i + 1));
+            continue;
+        };
+        if name != name.trim() {
+            notes.push(format!(
+                "line {}: '{name}' has spaces around the name, NCCL sets a variable of that \
+                 exact name (so '{}' stays unset by this line)",
+                i + 1,
+                name.trim()
+            ));
+        }
+        entries.push((name.to_owned(), value.to_owned(), i + 1));
+    }
+    (entries, notes)
+}
+
+impl EffectiveConfig {
+    /// Resolve every variable as NCCL does before it loads the plugin: the process environment
+    /// wins; then the user file (`NCCL_CONF_FILE`, or `$HOME/.nccl.conf` without it), then
+    /// `/etc/nccl.conf`; within and across files the first definition wins (NCCL's `setenv`
+    /// never overwrites). Files are read under `roots`.
+    pub fn resolve(env: &dyn Fn(&str) -> Option<OsString>, roots: &Roots) -> Self {
+        let text = |v: OsString| v.to_string_lossy().into_owned();
+        let user_file = match env("NCCL_CONF_FILE").map(text).filter(|f| !f.is_empty()) {
+            Some(file) => Some(file),
+            None => env("HOME").map(|home| format!("{}/.nccl.conf", text(home))),
+        };
+        let mut files = Vec::new();
+        let mut from_files: Vec<(String, String, Origin)> = Vec::new();
+        for path in user_file.into_iter().chain(["/etc/nccl.conf".to_owned()]) {
+            let content = std::fs::read_to_string(roots.at(&path)).ok();
+            let (entries, notes) = content.as_deref().map(read_conf).unwrap_or_default();
+            for (name, value, line) in entries {
+                if !from_files.iter().any(|(n, ..)| *n == name) {
+                    let origin = Origin::File {
+                        path: path.clone(),
+                        line,
+                    };
+                    from_files.push((name, value, origin));
+                }
+            }
+            files.push(ConfFile {
+                path,
+                present: content.is_some(),
+                notes,
+            });
+        }
+        let lookup = |name: &str| -> Option<(OsString, Origin)> {
+            if let Some(v) = env(name) {
+                return Some((v, Origin::Environment));
+            }
+            from_files
+                .iter()
+                .find(|(n, ..)| n == name)
+                .map(|(_, v, origin)| (OsString::from(v), origin.clone()))
+        };
+        let settings = KNOBS
+            .iter()
+            .map(|knob| {
+                let found = lookup(knob.name);
+                Setting {
+                    name: knob.name,
+                    value: found.as_ref().map(|(v, _)| text(v.clone())),
+                    origin: found.map_or(Origin::Default, |(_, o)| o),
+                    default: knob.default,
+                }
+            })
+            .collect();
+        let parsed = Config::from_lookup(|name| lookup(name).map(|(v, _)| v));
+        Self {
+            settings,
+            files,
+            parsed,
+        }
+    }
+
+    /// The value of `name` (one of [`KNOBS`]) as NCCL would pass it, or the process
+    /// environment's for variables the plugin does not read itself.
+    pub fn value(&self, name: &str) -> Option<&str> {
+        self.settings
+            .iter()
+            .find(|s| s.name == name)
+            .and_then(|s| s.value.as_deref())
+    }
+}
+
+/// The locked-memory limit of this process and whether it applies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Memlock {
+    /// Soft limit in bytes; `None` = unlimited; `Err` = unreadable.
+    pub soft: Result<Option<u64>, String>,
+    /// Hard limit in bytes; `None` = unlimited.
+    pub hard: Option<u64>,
+    /// CAP_IPC_LOCK is effective: the kernel does not apply the limit to registrations.
+    pub cap_ipc_lock: bool,
+    /// The `Max locked memory` line of `/proc/self/limits`.
+    pub evidence: String,
+}
+
+impl Memlock {
+    /// Read `/proc/self/limits` and the effective capabilities in `/proc/self/status`.
+    pub fn read(roots: &Roots) -> Self {
+        let limits = std::fs::read_to_string(roots.at("/proc/self/limits")).unwrap_or_default();
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with("Max locked memory"))
+            .map(str::to_owned);
+        let parse = |field: Option<&str>| -> Result<Option<u64>, String> {
+            match field {
+                Some("unlimited") => Ok(None),
+                Some(n) => n
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| format!("'{n}' is not a size")),
+                None => Err("no 'Max locked memory' line in /proc/self/limits".to_owned()),
+            }
+        };
+        let fields: Vec<&str> = line
+            .as_deref()
+            .map(|l| l["Max locked memory".len()..].split_whitespace().collect())
+            .unwrap_or_default();
+        let status = std::fs::read_to_string(roots.at("/proc/self/status")).unwrap_or_default();
+        const CAP_IPC_LOCK: u32 = 14;
+        let cap_ipc_lock = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0);
+        Self {
+            soft: parse(fields.first().copied()),
+            hard: parse(fields.get(1).copied()).ok().flatten(),
+            cap_ipc_lock,
+            evidence: line.unwrap_or_default(),
+        }
+    }
+}
+
+/// What the plugin and NCCL pin in host memory for the expected number of connections.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct MemoryBudget {
+    /// Peer connections (a send and a receive comm each) one process is expected to hold.
+    pub connections: u64,
+    /// The plugin's own pinned bytes per connection (rings, queues, flush).
+    pub plugin_bytes: u64,
+    /// NCCL's staging buffers per connection that sit in host memory (two `NCCL_BUFFSIZE`
+    /// buffers when GPUDirect RDMA is off, none when it is on).
+    pub nccl_bytes: u64,
+}
+
+impl MemoryBudget {
+    /// Total bytes.
+    pub fn total(&self) -> u64 {
+        self.connections * (self.plugin_bytes + self.nccl_bytes)
+    }
+}
+
+/// NCCL's default `NCCL_BUFFSIZE` (the SIMPLE protocol's buffer per connection and direction).
+const NCCL_DEFAULT_BUFFSIZE: u64 = 4 << 20;
+
+/// A `/dev/infiniband/uverbsN` node the plugin would open, and whether it opens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DevNode {
+    /// RDMA device it belongs to.
+    pub device: String,
+    /// `uverbsN`, `None` when sysfs shows no verbs node for the device (ib_uverbs missing).
+    pub node: Option<String>,
+    /// The path as on the node.
+    pub path: String,
+    /// Opening it read-write (as libibverbs does): `Err((errno, message))`.
+    pub open: Result<(), (i32, String)>,
+}
+
+/// Where the doctor runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunContext {
+    /// Why this looks like a container, `None` otherwise.
+    pub container: Option<String>,
+    /// Why this looks like a VM, `None` on bare metal.
+    pub vm: Option<String>,
+}
+
+impl RunContext {
+    /// `host`, `container`, `vm` or `vm+container`.
+    pub fn kind(&self) -> &'static str {
+        match (&self.container, &self.vm) {
+            (None, None) => "host",
+            (Some(_), None) => "container",
+            (None, Some(_)) => "vm",
+            (Some(_), Some(_)) => "vm+container",
+        }
+    }
+
+    fn detect(roots: &Roots, hypervisor: Option<String>) -> Self {
+        let marker = ["/.dockerenv", "/run/.containerenv"]
+            .into_iter()
+            .find(|m| roots.at(m).exists())
+            .map(|m| format!("{m} exists"));
+        let cgroup = || {
+            let text = std::fs::read_to_string(roots.at("/proc/1/cgroup")).ok()?;
+            ["kubepods", "docker", "containerd", "libpod", "lxc"]
+                .into_iter()
+                .find(|k| text.contains(k))
+                .map(|k| format!("/proc/1/cgroup mentions {k}"))
+        };
+        Self {
+            container: marker.or_else(cgroup),
+            vm: hypervisor,
+        }
+    }
+}
+
+/// Everything the node checks judge.
+#[derive(Debug)]
+pub struct NodeFacts {
+    /// Where files were read.
+    pub roots: Roots,
+    /// The configuration with origins, and the plugin's parse of it.
+    pub effective: EffectiveConfig,
+    /// The parsed configuration, or the defaults when it did not parse (the survey still runs
+    /// so the other checks have something to say).
+    pub config: Config,
+    /// CUDA, peer memory, hypervisor, verbs entry points.
+    pub gpu: GpuFacts,
+    /// The plugin's decisions (under ncclNet v8's model, where the plugin fuses itself).
+    pub survey: Survey,
+    /// The locked-memory limit.
+    pub memlock: Memlock,
+    /// What the expected connections pin.
+    pub budget: MemoryBudget,
+    /// The verbs nodes of the devices the plugin would open.
+    pub dev_nodes: Vec<DevNode>,
+    /// Container or VM.
+    pub context: RunContext,
+}
+
+impl NodeFacts {
+    /// Gather the facts: `env` looks up the process environment, `discovery` is verbs' answer
+    /// (the live one, or a fixture's ports), `probe_dmabuf` the DMA-BUF probe, `connections` the
+    /// peer connections one process is expected to hold.
+    pub fn gather(
+        roots: Roots,
+        env: &dyn Fn(&str) -> Option<OsString>,
+        discovery: Result<Discovery, Error>,
+        gpu: GpuFacts,
+        probe_dmabuf: DmaBufProbe<'_>,
+        connections: u64,
+    ) -> Self {
+        let effective = EffectiveConfig::resolve(env, &roots);
+        let config = effective.parsed.as_ref().cloned().unwrap_or_default();
+        let sysfs = roots.sysfs();
+        let survey = Survey::take(
+            &config,
+            DeviceModel::Fused,
+            &sysfs,
+            discovery,
+            &gpu,
+            probe_dmabuf,
+        );
+        let members = survey
+            .devices
+            .iter()
+            .map(|d| d.virt.members.len())
+            .max()
+            .unwrap_or(1);
+        let gdr = survey
+            .devices
+            .iter()
+            .any(|d| d.memory.cuda || d.memory.dmabuf);
+        let buffsize = env("NCCL_BUFFSIZE")
+            .and_then(|v| v.to_str()?.trim().parse::<u64>().ok())
+            .unwrap_or(NCCL_DEFAULT_BUFFSIZE);
+        let budget = MemoryBudget {
+            connections,
+            plugin_bytes: pinned_bytes_per_connection(&config, members),
+            nccl_bytes: if gdr { 0 } else { 2 * buffsize },
+        };
+        let dev_nodes = dev_nodes(&roots, &config);
+        let context = RunContext::detect(&roots, gpu.hypervisor.clone());
+        Self {
+            memlock: Memlock::read(&roots),
+            roots,
+            effective,
+            config,
+            gpu,
+            survey,
+            budget,
+            dev_nodes,
+            context,
+        }
+    }
+}
+
+/// The RDMA devices in sysfs (with their ports) that have at least one port `filter` allows:
+/// those the plugin would open.
+pub(super) fn candidate_devices(
+    roots: &Roots,
+    filter: Option<&HcaFilter>,
+) -> Vec<(String, Vec<u32>)> {
+    let class = roots.at("/sys/class/infiniband");
+    let mut devices: Vec<(String, Vec<u32>)> = std::fs::read_dir(class)
+        .map(|listing| {
+            listing
+                .filter_map(|e| {
+                    let entry = e.ok()?;
+                    let name = entry.file_name().into_string().ok()?;
+                    let mut ports: Vec<u32> = std::fs::read_dir(entry.path().join("ports"))
+                        .map(|p| {
+                            p.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    ports.sort_unstable();
+                    Some((name, ports))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    devices.retain(|(name, ports)| filter.is_none_or(|f| ports.iter().any(|&p| f.allows(name, p))));
+    devices.sort();
+    devices
+}
+
+/// The verbs node of every candidate device, opened read-write as libibverbs opens it.
+fn dev_nodes(roots: &Roots, config: &Config) -> Vec<DevNode> {
+    let verbs_class = roots.at("/sys/class/infiniband_verbs");
+    let nodes: Vec<(String, String)> = std::fs::read_dir(&verbs_class)
+        .map(|listing| {
+            listing
+                .filter_map(|e| {
+                    let node = e.ok()?.file_name().into_string().ok()?;
+                    let ibdev =
+                        std::fs::read_to_string(verbs_class.join(&node).join("ibdev")).ok()?;
+                    Some((ibdev.trim().to_owned(), node))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let filter = config
+        .ib_hca
+        .as_deref()
+        .and_then(|v| HcaFilter::parse(v).ok());
+    candidate_devices(roots, filter.as_ref())
+        .into_iter()
+        .map(|(device, _)| {
+            let node = nodes
+                .iter()
+                .find(|(ibdev, _)| *ibdev == device)
+                .map(|(_, n)| n.clone());
+            let path = format!("/dev/infiniband/{}", node.as_deref().unwrap_or("uverbs?"));
+            let open = match &node {
+                None => Err((
+                    libc::ENODEV,
+                    "no verbs node in /sys/class/infiniband_verbs".to_owned(),
+                )),
+                Some(_) => std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(roots.at(&path))
+                    .map(drop)
+                    .map_err(|e| (e.raw_os_error().unwrap_or(0), e.to_string())),
+            };
+            DevNode {
+                device,
+                node,
+                path,
+                open,
+            }
+        })
+        .collect()
+}
+
+/// The filesystem path of `path` (an absolute path on the node) under `roots`.
+pub(super) fn shown(path: &Path, roots: &Roots) -> String {
+    path.strip_prefix(&roots.fs).map_or_else(
+        |_| path.display().to_string(),
+        |rel| format!("/{}", rel.display()),
+    )
+}

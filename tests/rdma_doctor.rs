@@ -1,0 +1,452 @@
+//! `nccl-net-doctor` in the Soft-RoCE VM, with faults staged for real: a lowered memlock
+//! limit, an unopenable `/dev/infiniband/uverbs*`, a netdev taken down, an MTU mismatch
+//! between the two ends of the veth pair, a GID-family mismatch, `NCCL_IB_HCA` matching
+//! nothing. Each must produce its FAIL or WARN line and exit code; the healthy VM exits 0; the
+//! pair check runs over rxe1/rxe2 as `--serve`/`--peer` and as `--loopback`, its JSON valid
+//! against the published schema. Faults change the VM's global state, so tests run one at a
+//! time (a lock) and undo what they staged.
+#![allow(clippy::unwrap_used)] // test code panics with context
+
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+static VM_STATE: Mutex<()> = Mutex::new(());
+
+/// Run a shell command (staging a fault or undoing it); panics if it fails.
+fn sh(script: &str) {
+    let status = Command::new("bash").args(["-c", script]).status().unwrap();
+    assert!(status.success(), "`{script}` failed");
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("{e}\n{}\n{}", self.stdout, self.stderr))
+    }
+
+    /// Findings of `check` in the JSON report.
+    fn findings(&self, check: &str) -> Vec<Value> {
+        let doc = self.json();
+        doc["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["check"] == check)
+            .cloned()
+            .collect()
+    }
+
+    #[track_caller]
+    fn has(&self, severity: &str, check: &str, entity: &str, needle: &str) {
+        let found = self.findings(check).into_iter().any(|f| {
+            f["severity"] == severity
+                && f["entity"].as_str().unwrap().contains(entity)
+                && f["what"].as_str().unwrap().contains(needle)
+        });
+        assert!(
+            found,
+            "no {severity} {check} {entity} '{needle}' in\n{}\n{}",
+            self.stdout, self.stderr
+        );
+    }
+}
+
+/// The doctor with `args`, extra environment, optionally through a wrapper (`setpriv ...`).
+fn doctor_with(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Run {
+    let exe = env!("CARGO_BIN_EXE_nccl-net-doctor");
+    let mut cmd = match wrapper.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
+    let out = cmd
+        .args(args)
+        .envs(env.iter().copied())
+        .env("HOME", "/nonexistent")
+        .output()
+        .unwrap();
+    let run = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    if args.contains(&"--json") {
+        assert_valid(&run.json());
+        assert_eq!(run.json()["exit_code"], run.code, "{}", run.stdout);
+    }
+    run
+}
+
+fn doctor(args: &[&str], env: &[(&str, &str)]) -> Run {
+    doctor_with(&[], args, env)
+}
+
+fn assert_valid(doc: &Value) {
+    let schema = doctor_schema();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(doc)
+        .map(|e| format!("{e} at {}", e.instance_path))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}\n{doc:#}");
+}
+
+fn doctor_schema() -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_nccl-net-doctor"))
+        .arg("--schema")
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn in_vm() -> std::sync::MutexGuard<'static, ()> {
+    assert!(
+        std::path::Path::new("/sys/class/infiniband/rxe2").exists(),
+        "run through scripts/rdma-vm.sh"
+    );
+    VM_STATE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Undo a staged fault even when an assertion fails.
+struct Undo(&'static str);
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        sh(self.0);
+    }
+}
+
+#[test]
+fn a_healthy_vm_exits_0_and_the_readme_sample_is_what_it_prints() {
+    let _vm = in_vm();
+    let run = doctor(&["--json"], &[]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.json()["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["severity"] != "FAIL")
+    );
+    run.has(
+        "PASS",
+        "plugin.devices",
+        "plugin",
+        "NCCL gets 3 device(s): [0] rxe0",
+    );
+    run.has(
+        "PASS",
+        "roce.gid",
+        "rxe1",
+        "uses GID index 1 127.0.1.1 (RoCE v2, veth0)",
+    );
+
+    // Every finding line of the README's sample appears in a live run: same severity, check
+    // and entity (values such as link-local GIDs change with each boot's MAC addresses).
+    let human = doctor(&["--color", "never"], &[]);
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let sample = readme
+        .split("<!-- doctor-sample -->")
+        .nth(1)
+        .expect("README has a <!-- doctor-sample --> block");
+    let key = |line: &str| -> Option<String> {
+        let mut words = line.split_whitespace();
+        let severity = words.next()?;
+        ["PASS", "INFO", "WARN", "FAIL", "SKIP", "UNKNOWN"]
+            .contains(&severity)
+            .then(|| {
+                let check = words.next().unwrap_or("");
+                let entity = words.next().unwrap_or("");
+                format!("{severity} {check} {entity}")
+            })
+    };
+    let live: Vec<String> = human.stdout.lines().filter_map(key).collect();
+    let documented: Vec<String> = sample.lines().filter_map(key).collect();
+    assert!(
+        !documented.is_empty(),
+        "the README sample has no finding lines"
+    );
+    assert_eq!(
+        documented, live,
+        "README sample differs from the VM's output:\n{}",
+        human.stdout
+    );
+}
+
+#[test]
+fn memlock_lowered_with_ulimit_fails() {
+    let _vm = in_vm();
+    // Root would be exempt (CAP_IPC_LOCK): drop the capability, then lower the limit.
+    let run = doctor_with(
+        &[
+            "setpriv",
+            "--bounding-set",
+            "-ipc_lock",
+            "bash",
+            "-c",
+            "ulimit -l 8192 && exec \"$0\" \"$@\"",
+        ],
+        &["--json"],
+        &[],
+    );
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    run.has(
+        "FAIL",
+        "memlock",
+        "process",
+        "locked-memory limit 8 MiB < 260 MiB needed for 32 connections",
+    );
+}
+
+#[test]
+fn unopenable_uverbs_fails_for_that_device() {
+    let _vm = in_vm();
+    let node = std::fs::read_dir("/sys/class/infiniband_verbs")
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            // `abi_version` sits beside the uverbsN directories.
+            std::fs::read_to_string(e.path().join("ibdev")).is_ok_and(|d| d.trim() == "rxe1")
+        })
+        .unwrap()
+        .file_name()
+        .into_string()
+        .unwrap();
+    sh(&format!("chmod 000 /dev/infiniband/{node}"));
+    let _undo = Undo("chmod 666 /dev/infiniband/uverbs*");
+    // As nobody: root opens any mode.
+    let run = doctor_with(
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ],
+        &["--json"],
+        &[],
+    );
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    run.has(
+        "FAIL",
+        "dev.nodes",
+        "rxe1",
+        &format!("/dev/infiniband/{node} cannot be opened read-write by uid 65534"),
+    );
+    run.has("PASS", "dev.nodes", "rxe0", "opens read-write");
+    run.has("FAIL", "verbs.provider", "rxe1", "ibv_open_device failed");
+}
+
+#[test]
+fn netdev_down_makes_its_port_down() {
+    let _vm = in_vm();
+    sh("ip link set veth1 down");
+    let _undo = Undo("bash scripts/vm-guest.sh --restore-veth");
+    // Unused spare: a warning, exit 0.
+    let run = doctor(&["--json"], &[]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    run.has(
+        "WARN",
+        "port.state",
+        "rxe2:1",
+        "DOWN: its netdev veth1 is down",
+    );
+    // The port the job asks for: a failure, exit 1.
+    let run = doctor(&["--json"], &[("NCCL_IB_HCA", "rxe2")]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    run.has("FAIL", "port.state", "rxe2:1", "its netdev veth1 is down");
+    run.has(
+        "FAIL",
+        "plugin.devices",
+        "plugin",
+        "NCCL_IB_HCA='rxe2' matches no active port",
+    );
+}
+
+#[test]
+fn nccl_ib_hca_matching_nothing_fails() {
+    let _vm = in_vm();
+    let run = doctor(&["--json"], &[("NCCL_IB_HCA", "mlx5_9")]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    run.has(
+        "FAIL",
+        "env.config",
+        "NCCL_IB_HCA",
+        "NCCL_IB_HCA='mlx5_9' matches no active port",
+    );
+    run.has("SKIP", "dev.nodes", "node", "NCCL_IB_HCA selects none");
+}
+
+/// `--serve` on rxe1 and `--peer` on rxe2 in two processes, with extra environment for each.
+fn pair(serve_env: &[(&str, &str)], peer_env: &[(&str, &str)]) -> (Run, Run) {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let exe = env!("CARGO_BIN_EXE_nccl-net-doctor");
+    let server = Command::new(exe)
+        .args([
+            "--serve",
+            &addr,
+            "--json",
+            "--seconds",
+            "1",
+            "--timeout",
+            "60",
+        ])
+        .env("NCCL_IB_HCA", "rxe1")
+        .envs(serve_env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut peer_vars = vec![("NCCL_IB_HCA", "rxe2")];
+    peer_vars.extend_from_slice(peer_env);
+    let peer = doctor(
+        &[
+            "--peer",
+            &addr,
+            "--json",
+            "--seconds",
+            "1",
+            "--timeout",
+            "60",
+        ],
+        &peer_vars,
+    );
+    let out = server.wait_with_output().unwrap();
+    let serve = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert_valid(&serve.json());
+    (serve, peer)
+}
+
+#[test]
+fn pair_check_over_rxe1_and_rxe2_moves_verified_data_both_ways() {
+    let _vm = in_vm();
+    let (serve, peer) = pair(&[], &[]);
+    for (run, name) in [(&serve, "serve"), (&peer, "peer")] {
+        assert_eq!(run.code, 0, "{name}: {}\n{}", run.stdout, run.stderr);
+        for direction in ["this node -> peer", "peer -> this node"] {
+            run.has(
+                "PASS",
+                "pair.data",
+                "<->",
+                &format!("{direction}: host memory, 5 messages"),
+            );
+            run.has("INFO", "pair.bandwidth", "<->", direction);
+        }
+        run.has(
+            "PASS",
+            "pair.connect",
+            "<->",
+            "listen/connect/accept through the plugin",
+        );
+        run.has("PASS", "pair.gid_family", "<->", "GID family IPv4");
+        run.has("PASS", "pair.counters", "<->", "no error counter rose here");
+        run.has(
+            "PASS",
+            "pair.counters",
+            "<->",
+            "no error counter rose on the peer",
+        );
+        run.has("SKIP", "pair.gpu", "<->", "GPU memory not checked");
+        assert_eq!(run.json()["mode"], name);
+    }
+    serve.has("PASS", "pair.mtu", "rxe1 <-> ", "active MTU 1024 on both");
+    assert_eq!(serve.json()["peer"]["devices"][0]["name"], "rxe2");
+}
+
+#[test]
+fn mtu_mismatch_between_the_veth_ends_warns_and_data_still_flows() {
+    let _vm = in_vm();
+    sh("ip link set veth0 mtu 9000");
+    let _undo = Undo("ip link set veth0 mtu 1500");
+    let node = doctor(&["--json"], &[]);
+    node.has("WARN", "mtu", "node", "used ports differ in active MTU");
+    let (serve, peer) = pair(&[], &[]);
+    for run in [&serve, &peer] {
+        assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+        run.has("PASS", "pair.data", "<->", "host memory");
+    }
+    serve.has(
+        "WARN",
+        "pair.mtu",
+        "<->",
+        "active MTU differs (the connection uses 1024, the smaller): 4096 here, 1024 on the peer",
+    );
+    peer.has("WARN", "pair.mtu", "<->", "1024 here, 4096 on the peer");
+}
+
+#[test]
+fn gid_family_mismatch_fails_on_both_ends_without_traffic() {
+    let _vm = in_vm();
+    sh("ip -6 addr add fd00::1/64 dev veth0 nodad && sleep 1");
+    let _undo = Undo("ip -6 addr del fd00::1/64 dev veth0");
+    let node = doctor(&["--json"], &[("NCCL_IB_ADDR_FAMILY", "AF_INET6")]);
+    node.has("PASS", "roce.gid", "rxe1", "fd00::1 (RoCE v2, veth0)");
+    node.has(
+        "WARN",
+        "roce.gid",
+        "rxe2",
+        "AF_INET, NCCL_IB_ADDR_FAMILY prefers AF_INET6",
+    );
+    node.has("WARN", "roce.gid", "node", "different families");
+    let (serve, peer) = pair(&[("NCCL_IB_ADDR_FAMILY", "AF_INET6")], &[]);
+    for run in [&serve, &peer] {
+        assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+        run.has("FAIL", "pair.gid_family", "<->", "GID family differs");
+        run.has("SKIP", "pair.data", "<->", "not attempted: pair.gid_family");
+    }
+    serve.has(
+        "FAIL",
+        "pair.gid_family",
+        "<->",
+        "IPv6 (fd00::1) here, IPv4 (127.0.1.2) on the peer",
+    );
+}
+
+#[test]
+fn loopback_runs_every_device_to_itself() {
+    let _vm = in_vm();
+    let run = doctor(&["--loopback", "--json", "--seconds", "1"], &[]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    run.has(
+        "INFO",
+        "pair.loopback",
+        "node",
+        "the cable and the switch are not exercised",
+    );
+    for dev in ["rxe0", "rxe1", "rxe2"] {
+        run.has(
+            "PASS",
+            "pair.data",
+            &format!("{dev} -> itself"),
+            "first direction: host memory",
+        );
+        run.has(
+            "PASS",
+            "pair.data",
+            &format!("{dev} -> itself"),
+            "second direction: host memory",
+        );
+    }
+    assert_eq!(run.json()["mode"], "loopback");
+}
