@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # Side by side on one RDMA device, in one run: perftest's ib_write_bw and ib_write_lat, then
-# nccl-net-bench through an ncclNet plugin, with the ratio per size. Run it where the device is
-# (inside the Soft-RoCE VM: scripts/rdma-vm.sh scripts/bench-vs-perftest.sh).
+# nccl-net-bench through an ncclNet plugin and, with --against, through another plugin too,
+# alternating the two several times; prints medians and ratios per size. Run it where the
+# device is (inside the Soft-RoCE VM: scripts/rdma-vm.sh scripts/bench-vs-perftest.sh ...).
 #
-# usage: scripts/bench-vs-perftest.sh [--plugin PATH.so] [--dev NAME] [--bytes BYTES] [--max BYTES]
-#   --plugin  the plugin to measure (default: this repository's release build); any ncclNet v8
-#             plugin works, so the same table compares plugins
-#   --dev     RDMA device (default rxe0); the plugin device with that name is used
-#   --bytes   bytes moved per size by both tools (default 128M)
-#   --max     largest message (default 64M)
+# usage: scripts/bench-vs-perftest.sh [--plugin PATH.so] [--against PATH.so [--preload LIB]]
+#          [--runs N] [--dev NAME] [--bytes BYTES] [--max BYTES] [--bench PATH] [--json]
+#   --plugin   the plugin to measure (default: this repository's release build)
+#   --against  a second plugin, measured the same way in the same run (any ncclNet v8..v12)
+#   --preload  LD_PRELOAD for the --against plugin's runs only (a .so, or a .c compiled here),
+#              e.g. ../shared/reference-plugin/realpath_rxe.c for the reference plugin on rxe
+#   --runs     sweeps per plugin, alternating (default 3 with --against, else 1); medians
+#   --dev      RDMA device (default rxe0); the plugin device with that name is used
+#   --bytes    bytes moved per size by both tools (default 128M)
+#   --max      largest message (default 64M)
+#   --bench    the nccl-net-bench binary (default: the release build)
+#   --json     print one JSON object instead of the table
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,21 +29,35 @@ to_bytes() { # 64K, 16M, 1G or a plain number
     *) echo $(($1)) ;;
   esac
 }
-dev=rxe0 bytes=$((128 << 20)) max=$((64 << 20))
+dev=rxe0 bytes=$((128 << 20)) max=$((64 << 20)) against="" preload="" runs="" json=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --plugin) plugin="$2"; shift 2 ;;
+    --against) against="$2"; shift 2 ;;
+    --preload) preload="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
     --dev) dev="$2"; shift 2 ;;
     --bytes) bytes="$(to_bytes "$2")"; shift 2 ;;
     --max) max="$(to_bytes "$2")"; shift 2 ;;
+    --bench) bench="$2"; shift 2 ;;
+    --json) json=1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
-for tool in ib_write_bw ib_write_lat "$bench"; do
+runs="${runs:-$([ -n "$against" ] && echo 3 || echo 1)}"
+for tool in ib_write_bw ib_write_lat python3 "$bench"; do
   command -v "$tool" >/dev/null || { echo "bench-vs-perftest: $tool is missing" >&2; exit 2; }
+done
+for lib in "$plugin" ${against:+"$against"}; do
+  [ -f "$lib" ] || { echo "bench-vs-perftest: no plugin at $lib" >&2; exit 2; }
 done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+
+if [ -n "$preload" ] && [ "${preload%.c}" != "$preload" ]; then
+  gcc -shared -fPIC -O2 -o "$work/preload.so" "$preload" -ldl
+  preload="$work/preload.so"
+fi
 
 gid_index() { # the IPv4-mapped RoCE v2 GID, as the plugin chooses by default
   local d=/sys/class/infiniband/$1/ports/1
@@ -70,35 +91,93 @@ perftest() { # perftest TOOL SIZE ITERS -> the result line's fields
   awk -v s="$size" '$1 == s && NF >= 5 { print; exit }' "$work/client"
 }
 
-echo "# device $dev (GID index $gid), $bytes bytes per size; perftest and $(basename "$plugin") in the same run" >&2
+echo "# device $dev (GID index $gid), $bytes bytes per size, $runs run(s) per plugin" >&2
 sizes=()
 for ((s = 8; s <= max; s *= 2)); do sizes+=("$s"); done
-declare -A pt_bw pt_lat
 for s in "${sizes[@]}"; do
   echo "perftest: $s B" >&2
   # ib_write_bw's BW average is in MB/sec (2^20 bytes); convert to 10^6 bytes like the bench.
-  pt_bw[$s]="$(perftest ib_write_bw "$s" "$(iters_for "$s")" | awk '$4 > 0 { printf "%.3f", $4 * 1.048576 }')"
+  bw="$(perftest ib_write_bw "$s" "$(iters_for "$s")" | awk '$4 > 0 { printf "%.3f", $4 * 1.048576 }')"
+  lat=-
   if [ "$s" -le 65536 ]; then
-    pt_lat[$s]="$(perftest ib_write_lat "$s" 1000 | awk '$6 > 0 { print $6 }')"
+    lat="$(perftest ib_write_lat "$s" 1000 | awk '$6 > 0 { print $6 }')"
   fi
+  echo "$s ${bw:--} ${lat:--}"
+done >"$work/perftest.txt"
+
+sweep() { # sweep NAME PLUGIN PRELOAD RUN
+  echo "nccl-net-bench run $4: $1 ($2)" >&2
+  LD_PRELOAD="$3" "$bench" --plugin "$2" --dev "$dev" --min 8 --max "$max" --bytes "$bytes" \
+    --json >"$work/$1.$4.json" 2>"$work/$1.$4.err" || { cat "$work/$1.$4.err" >&2; exit 1; }
+}
+for ((run = 1; run <= runs; run++)); do
+  sweep plugin "$plugin" "" "$run"
+  [ -n "$against" ] && sweep against "$against" "$preload" "$run"
 done
 
-echo "nccl-net-bench: $plugin" >&2
-"$bench" --plugin "$plugin" --dev "$dev" --min 8 --max "$max" --bytes "$bytes" --json >"$work/bench.json" 2>"$work/bench.err" ||
-  { cat "$work/bench.err" >&2; exit 1; }
+python3 - "$work" "$runs" "$json" "$([ -n "$against" ] && echo 1 || echo 0)" <<'PY'
+import json, statistics, sys
+work, runs, as_json, with_against = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
+perf = {}
+for line in open(f"{work}/perftest.txt"):
+    size, bw, lat = line.split()
+    perf[int(size)] = (None if bw == "-" else float(bw), None if lat == "-" else float(lat))
+FIELDS = ["bw_mb_per_s", "msgs_per_s", "lat_us", "cpu_send_us_per_msg", "cpu_recv_us_per_msg"]
 
-for s in "${sizes[@]}"; do echo "$s ${pt_bw[$s]:--} ${pt_lat[$s]:--}"; done >"$work/perftest.txt"
-python3 - "$work/bench.json" "$work/perftest.txt" <<'PY'
-import json, sys
-bench = json.load(open(sys.argv[1]))
-rows = {r["size"]: r for r in bench["results"]}
-print(f"# {bench['name']} ({bench['plugin']}) on {bench['device']}, {bench['inflight']} requests in flight")
-print(f"{'size(B)':>10} {'ib_write_bw':>12} {'plugin':>10} {'ratio':>6}   {'ib_write_lat':>12} {'plugin':>10} {'ratio':>6}")
-print(f"{'':>10} {'(MB/s)':>12} {'(MB/s)':>10} {'':>6}   {'(us)':>12} {'(us)':>10} {'':>6}")
-for line in open(sys.argv[2]):
-    size, pbw, plat = line.split()
-    r = rows[int(size)]
-    bw_ratio = f"{r['bw_mb_per_s'] / float(pbw):.2f}" if pbw != "-" else "-"
-    lat_ratio = f"{r['lat_us'] / float(plat):.2f}" if plat != "-" else "-"
-    print(f"{int(size):>10} {pbw:>12} {r['bw_mb_per_s']:>10.2f} {bw_ratio:>6}   {plat:>12} {r['lat_us']:>10.2f} {lat_ratio:>6}")
+def load(name):
+    sweeps = [json.load(open(f"{work}/{name}.{r}.json")) for r in range(1, runs + 1)]
+    medians = {}
+    for size in perf:
+        rows = [next(x for x in s["results"] if x["size"] == size) for s in sweeps]
+        medians[size] = {f: statistics.median(r[f] for r in rows) for f in FIELDS}
+        medians[size]["runs"] = {f: [r[f] for r in rows] for f in FIELDS}
+    return {"name": sweeps[0]["name"], "plugin": sweeps[0]["plugin"], "device": sweeps[0]["device"],
+            "abi": sweeps[0]["abi"], "inflight": sweeps[0]["inflight"], "medians": medians}
+
+ours = load("plugin")
+other = load("against") if with_against else None
+ratio = lambda a, b: None if not a or not b else a / b
+rows = []
+for size, (pbw, plat) in sorted(perf.items()):
+    o = ours["medians"][size]
+    row = {"size": size, "ib_write_bw_mb_per_s": pbw, "ib_write_lat_us": plat, "plugin": o,
+           "bw_vs_ib_write_bw": ratio(o["bw_mb_per_s"], pbw), "lat_vs_ib_write_lat": ratio(o["lat_us"], plat)}
+    if other:
+        a = other["medians"][size]
+        row.update({"against": a, "bw_vs_against": ratio(o["bw_mb_per_s"], a["bw_mb_per_s"]),
+                    "lat_vs_against": ratio(o["lat_us"], a["lat_us"]),
+                    "msgs_vs_against": ratio(o["msgs_per_s"], a["msgs_per_s"])})
+    rows.append(row)
+doc = {"device": ours["device"], "runs": runs, "plugin": {k: ours[k] for k in ("name", "plugin", "abi", "inflight")},
+       "against": {k: other[k] for k in ("name", "plugin", "abi", "inflight")} if other else None, "results": rows}
+if as_json:
+    print(json.dumps(doc))
+    sys.exit(0)
+f = lambda v, spec: "-" if v is None else format(v, spec)
+print(f"# {ours['name']} ({ours['plugin']}, ncclNet v{ours['abi']}) on {ours['device']}, {ours['inflight']} in flight, "
+      f"medians of {runs} run(s)" + (f"; against {other['name']} ({other['plugin']}, v{other['abi']})" if other else ""))
+head = f"{'size(B)':>9} {'ib_bw':>9} {'bw':>9} {'/ib':>5}"
+if other:
+    head += f" {'bw.vs':>9} {'/vs':>5}"
+head += f" {'ib_lat':>8} {'lat':>8} {'/ib':>5}"
+if other:
+    head += f" {'lat.vs':>8} {'/vs':>5} {'msg/s':>8} {'vs':>8} {'/vs':>5}"
+head += f" {'cpu.s':>6} {'cpu.r':>6}"
+if other:
+    head += f" {'vs.s':>6} {'vs.r':>6}"
+print(head)
+print("# bw in MB/s (10^6 B), lat in us (ping-pong, half the round trip), cpu in us per message (bandwidth phase); /ib and /vs are ours over theirs")
+for r in rows:
+    o = r["plugin"]
+    line = f"{r['size']:>9} {f(r['ib_write_bw_mb_per_s'], '.1f'):>9} {o['bw_mb_per_s']:>9.1f} {f(r['bw_vs_ib_write_bw'], '.2f'):>5}"
+    if other:
+        line += f" {r['against']['bw_mb_per_s']:>9.1f} {f(r['bw_vs_against'], '.2f'):>5}"
+    line += f" {f(r['ib_write_lat_us'], '.2f'):>8} {o['lat_us']:>8.2f} {f(r['lat_vs_ib_write_lat'], '.2f'):>5}"
+    if other:
+        a = r["against"]
+        line += f" {a['lat_us']:>8.2f} {f(r['lat_vs_against'], '.2f'):>5} {o['msgs_per_s']:>8.0f} {a['msgs_per_s']:>8.0f} {f(r['msgs_vs_against'], '.2f'):>5}"
+    line += f" {o['cpu_send_us_per_msg']:>6.1f} {o['cpu_recv_us_per_msg']:>6.1f}"
+    if other:
+        line += f" {r['against']['cpu_send_us_per_msg']:>6.1f} {r['against']['cpu_recv_us_per_msg']:>6.1f}"
+    print(line)
 PY

@@ -90,3 +90,60 @@ fn table_output_has_a_header_and_a_row_per_size() {
         );
     }
 }
+
+/// `scripts/bench-vs-perftest.sh --against`: perftest and two plugins in one run, alternating,
+/// medians and ratios per size in its JSON. The other plugin here is this one again (the
+/// mechanics, not a verdict; the README's table uses the reference plugin).
+#[test]
+fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
+    let plugin = support::plugin_path();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bench-vs-perftest.sh");
+    let out = Command::new("bash")
+        .args([
+            script,
+            "--plugin",
+            plugin.to_str().unwrap(),
+            "--against",
+            plugin.to_str().unwrap(),
+        ])
+        .args(["--runs", "2", "--max", "4K", "--bytes", "256K", "--json"])
+        .args(["--bench", env!("CARGO_BIN_EXE_nccl-net-bench")])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (doc["runs"].as_u64(), doc["against"]["name"].as_str()),
+        (Some(2), Some("RsIB"))
+    );
+    let rows = doc["results"].as_array().unwrap();
+    let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, (3..=12).map(|p| 1u64 << p).collect::<Vec<_>>());
+    for row in rows {
+        for side in ["plugin", "against"] {
+            let m = &row[side];
+            for field in [
+                "bw_mb_per_s",
+                "msgs_per_s",
+                "lat_us",
+                "cpu_send_us_per_msg",
+                "cpu_recv_us_per_msg",
+            ] {
+                assert!(m[field].as_f64().unwrap() > 0.0, "{side}.{field} in {row}");
+                assert_eq!(m["runs"][field].as_array().unwrap().len(), 2, "{row}");
+            }
+        }
+        for ratio in [
+            "bw_vs_against",
+            "lat_vs_against",
+            "msgs_vs_against",
+            "bw_vs_ib_write_bw",
+            "lat_vs_ib_write_lat",
+        ] {
+            assert!(row[ratio].as_f64().unwrap() > 0.0, "{ratio} in {row}");
+        }
+        assert!(row["ib_write_bw_mb_per_s"].as_f64().unwrap() > 0.0, "{row}");
+    }
+}

@@ -17,11 +17,12 @@ use super::types::{
     ncclResult_t, ncclSuccess,
 };
 use crate::core::error::{Error, Result};
+use crate::core::group::Group;
 use crate::core::proto::MAX_MESSAGE_BYTES;
 use crate::core::wire::ListenHandle;
 use crate::log;
 use crate::plugin::{DeviceModel, MAX_GROUPED_RECVS, MemorySupport, Plugin};
-use crate::transport::{Connecting, ListenComm, RecvTarget};
+use crate::transport::{Connecting, ListenComm};
 
 /// Run one NCCL entry point: catch panics, map errors once, log once.
 pub(super) fn entry(op: &'static str, body: impl FnOnce() -> Result<()>) -> ncclResult_t {
@@ -395,7 +396,7 @@ pub(super) unsafe fn irecv(
     recv_comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
-    sizes: impl FnOnce(usize) -> Result<Vec<u64>>,
+    sizes: impl FnOnce(usize) -> Result<Group<u64>>,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
@@ -414,18 +415,14 @@ pub(super) unsafe fn irecv(
         let tags = unsafe { array(tags, n, "tags") }?;
         // SAFETY: as above.
         let mhandles = unsafe { array(mhandles, n, "mhandles") }?;
-        let mut targets = Vec::with_capacity(n);
-        for i in 0..n {
-            targets.push(RecvTarget {
-                addr: data[i] as u64,
-                size: sizes[i],
-                tag: tags[i],
-                // SAFETY: NCCL passes back handles regMr returned.
-                mr: unsafe { handles::mr(mhandles[i]) }?,
-            });
-        }
+        let buf = |i: usize| {
+            // SAFETY: NCCL passes back handles regMr returned.
+            let mr = unsafe { handles::mr(mhandles[i]) }?;
+            mr.recv_buf(data[i] as u64, sizes[i], tags[i])
+        };
+        let bufs = (0..n).map(buf).collect::<Result<Group<_>>>()?;
         // SAFETY: NCCL keeps the buffers writable until test() reports this request done.
-        let started = unsafe { comm.comm.irecv(&targets) }?;
+        let started = unsafe { comm.comm.irecv(&bufs) }?;
         out.write(started.map_or(ptr::null_mut(), |i| comm.request(i)));
         Ok(())
     })
@@ -477,8 +474,8 @@ pub(super) unsafe extern "C" fn net_test(
         let done = unsafe { Out::new(done, "done") }?;
         // SAFETY: NCCL passes back a request isend/irecv/iflush returned, before its comm closed.
         let owner = unsafe { handles::request(request) }?;
-        let finished: Option<Vec<u64>> = match owner {
-            RequestOwner::Send(h, i) => h.comm.test(i)?.map(|size| vec![size]),
+        let finished: Option<Group<u64>> = match owner {
+            RequestOwner::Send(h, i) => h.comm.test(i)?.map(Group::one),
             RequestOwner::Recv(h, i) => h.comm.test(i)?,
         };
         let Some(finished) = finished else {

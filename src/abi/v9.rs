@@ -13,6 +13,7 @@ use super::types::{
 };
 use super::v8::{net_connect_v8, net_listen_v8};
 use crate::core::error::Result;
+use crate::core::group::Group;
 use crate::plugin::DeviceModel;
 
 /// Looked up by NCCL 2.24 and later.
@@ -80,7 +81,7 @@ pub(super) unsafe extern "C" fn net_isend_v9(
 ///
 /// # Safety
 /// `sizes` is NULL or points at `n` elements.
-pub(super) unsafe fn sizes_v9(sizes: *mut usize, n: usize) -> Result<Vec<u64>> {
+pub(super) unsafe fn sizes_v9(sizes: *mut usize, n: usize) -> Result<Group<u64>> {
     // SAFETY: forwarded contract.
     let sizes = unsafe { entry::array(sizes, n, "sizes") }?;
     Ok(sizes.iter().map(|&s| s as u64).collect())

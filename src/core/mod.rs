@@ -8,5 +8,6 @@
 
 pub mod config;
 pub mod error;
+pub mod group;
 pub mod proto;
 pub mod wire;

@@ -20,6 +20,7 @@ use std::collections::VecDeque;
 
 use super::config::MAX_FUSED_MEMBERS;
 use super::error::{Error, Kind, Result};
+use super::group::Group;
 use super::wire::{Cts, MAX_RECVS};
 
 /// Message slots per connection: receives (and grouped receives) in flight per comm.
@@ -146,7 +147,7 @@ fn slot_of(seq: u64) -> usize {
 }
 
 /// A receive buffer NCCL posted, already registered.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecvBuf {
     /// Buffer address.
     pub addr: u64,
@@ -166,7 +167,7 @@ pub struct CtsPost {
     /// The QPs the message uses: post one receive on each, and the CTS write on the first.
     pub qps: std::ops::Range<usize>,
     /// The entries, one per buffer.
-    pub entries: Vec<Cts>,
+    pub entries: Group<Cts>,
 }
 
 /// A completed receive, as `test` reports it.
@@ -312,7 +313,7 @@ impl RecvSide {
 }
 
 /// A send buffer NCCL passed to `isend`, already registered.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct SendBuf {
     /// Buffer address.
     pub addr: u64,
@@ -428,14 +429,22 @@ pub struct Accepted {
     pub posts: Vec<Post>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Copy, Clone, Debug)]
 struct SendSlot {
     seq: u64,
-    cts: Vec<Cts>,
-    matched: Vec<Option<SendBuf>>,
-    tested: Vec<bool>,
+    cts: Group<Cts>,
+    /// The send matched to each entry (the first `cts.len()` are used).
+    matched: [Option<SendBuf>; MAX_RECVS],
+    /// Which entries NCCL saw done.
+    tested: [bool; MAX_RECVS],
     pending: usize,
     posted: bool,
+}
+
+impl SendSlot {
+    fn all_matched(&self) -> bool {
+        self.matched[..self.cts.len()].iter().all(Option::is_some)
+    }
 }
 
 /// Sender side of one connection.
@@ -444,6 +453,9 @@ pub struct SendSide {
     layout: Layout,
     next_seq: u64,
     slots: Vec<Option<SendSlot>>,
+    /// The vector the next [`Accepted::posts`] is built in, handed back by [`Self::recycle`]
+    /// so that sending allocates nothing once it has grown to a message's posts.
+    spare_posts: Vec<Post>,
 }
 
 impl SendSide {
@@ -453,12 +465,18 @@ impl SendSide {
             layout,
             next_seq: 0,
             slots: vec![None; SLOTS],
+            spare_posts: Vec::new(),
         }
     }
 
     /// The connection's layout.
     pub fn layout(&self) -> Layout {
         self.layout
+    }
+
+    /// Give back the posts of an [`Accepted`] once they were posted, for the next message.
+    pub fn recycle(&mut self, posts: Vec<Post>) {
+        self.spare_posts = posts;
     }
 
     /// `Some((seq, slot))` when the next message's CTS has not been captured yet and its slot is
@@ -473,7 +491,7 @@ impl SendSide {
     ///
     /// # Errors
     /// `Remote` when the entries are inconsistent (the receiver broke the protocol).
-    pub fn handle_cts(&mut self, entries: Vec<Cts>) -> Result<()> {
+    pub fn handle_cts(&mut self, entries: &[Cts]) -> Result<()> {
         let seq = self.next_seq;
         let n = entries.len();
         let consistent = (1..=MAX_RECVS).contains(&n)
@@ -488,9 +506,9 @@ impl SendSide {
         }
         self.slots[slot_of(seq)] = Some(SendSlot {
             seq,
-            matched: vec![None; n],
-            tested: vec![false; n],
-            cts: entries,
+            cts: entries.iter().copied().collect(),
+            matched: [None; MAX_RECVS],
+            tested: [false; MAX_RECVS],
             pending: 0,
             posted: false,
         });
@@ -529,7 +547,7 @@ impl SendSide {
             truncated,
             posts: Vec::new(),
         };
-        if slot.matched.iter().all(Option::is_some) {
+        if slot.all_matched() {
             accepted.posts = self.layout_posts(slot_index);
             self.next_seq += 1;
         }
@@ -545,9 +563,10 @@ impl SendSide {
         let qps = layout.qps_for(slot.seq, capacity);
         let used = qps.len();
         let n = slot.cts.len();
-        let bufs: Vec<SendBuf> = slot.matched.iter().flatten().copied().collect();
+        let bufs: Group<SendBuf> = slot.matched.iter().flatten().copied().collect();
         let ringed = uses_sizes_ring(n, capacity);
-        let mut posts = Vec::new();
+        let mut posts = std::mem::take(&mut self.spare_posts);
+        posts.clear();
         for (pos, qp) in qps.enumerate() {
             if !ringed {
                 // The payload's last write carries the immediate: the bytes this QP delivered
@@ -627,7 +646,7 @@ impl SendSide {
         if let Some(t) = s.tested.get_mut(entry) {
             *t = true;
         }
-        if s.tested.iter().all(|&t| t) {
+        if s.tested[..s.cts.len()].iter().all(|&t| t) {
             self.slots[slot] = None;
         }
     }

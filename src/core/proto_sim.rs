@@ -91,7 +91,7 @@ impl Pair {
                 .flatten()
                 .copied()
                 .collect();
-            self.send.handle_cts(entries)?;
+            self.send.handle_cts(&entries)?;
         }
         let accepted = self.send.isend(buf)?;
         if let Some(a) = &accepted {
@@ -554,4 +554,27 @@ fn messages_beyond_the_advertised_maximum_are_refused_naming_both_sizes() {
     let e = p.isend(sbuf(0, MAX_MESSAGE_BYTES + 1, 0)).unwrap_err();
     assert_eq!(e.kind(), Kind::Misuse);
     assert!(e.to_string().contains("maxP2pBytes"), "{e}");
+}
+
+/// The sender's glue hands each message's posts back (`SendSide::recycle`): a stream of
+/// messages then builds every message's posts in the same vector, no allocation per message.
+#[test]
+fn recycled_posts_vector_is_reused_by_the_next_message() {
+    let mut p = Pair::new(1, false);
+    let mut vectors = Vec::new();
+    for _ in 0..3 * SLOTS {
+        let slot = p.irecv(&[rbuf(0, 8, 3)]).unwrap();
+        let a = p.isend(sbuf(0, 8, 3)).unwrap().unwrap();
+        assert_eq!(a.posts.len(), 1, "one write-with-immediate");
+        vectors.push(a.posts.as_ptr());
+        p.send.recycle(a.posts);
+        p.deliver_all();
+        assert_eq!(p.received(slot), Some(vec![8]));
+        p.send.release(a.slot, 0);
+        p.recv.release(slot);
+    }
+    assert!(
+        vectors[1..].iter().all(|&v| v == vectors[0]),
+        "every message reused the first message's vector"
+    );
 }

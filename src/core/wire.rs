@@ -373,7 +373,7 @@ impl Hello {
 /// One clear-to-send entry: a posted receive buffer, written by the receiver into the sender's
 /// CTS ring with an RDMA write. `seq` is written last in memory order and tells the sender that
 /// the entry is for the message it expects.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Cts {
     /// Address of the receive buffer.
     pub addr: u64,

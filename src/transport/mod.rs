@@ -20,6 +20,6 @@ pub use conn::{pinned_bytes_per_connection, random_u64};
 pub use context::{DeviceContext, PortContext, choose_oob_address};
 pub use listen::ListenComm;
 pub use mr::{MrCache, MrHandle};
-pub use recv::{RECV_REQUESTS, RecvComm, RecvTarget};
+pub use recv::{RECV_REQUESTS, RecvComm};
 pub use send::{Connecting, SEND_REQUESTS, SendComm};
 pub use watch::DeviceHealth;

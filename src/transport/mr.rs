@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use super::{DeviceContext, PortContext};
 use crate::core::config::MAX_FUSED_MEMBERS;
 use crate::core::error::{Error, Result};
+use crate::core::proto::{RecvBuf, check_message_size};
 use crate::verbs::{Access, MemoryRegion};
 
 const PAGE: u64 = 4096;
@@ -77,6 +78,21 @@ impl MrHandle {
     /// Remote keys, one per member (unused entries 0).
     pub fn rkeys(&self) -> [u32; MAX_FUSED_MEMBERS] {
         std::array::from_fn(|i| self.parts.get(i).map_or(0, |p| p.mr.rkey()))
+    }
+
+    /// The receive buffer `addr..addr + size` expecting `tag`, with this registration's keys.
+    ///
+    /// # Errors
+    /// `Misuse` for a buffer larger than a message may be or outside this registration.
+    pub fn recv_buf(&self, addr: u64, size: u64, tag: i32) -> Result<RecvBuf> {
+        check_message_size(size, "a receive buffer")?;
+        self.check(addr, size)?;
+        Ok(RecvBuf {
+            addr,
+            size,
+            rkeys: self.rkeys(),
+            tag,
+        })
     }
 
     /// Check that `addr..addr + len` lies inside the registered range.

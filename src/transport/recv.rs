@@ -16,7 +16,8 @@ use super::watch::Watched;
 use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
 use crate::core::error::{Error, Result};
-use crate::core::proto::{Layout, RecvBuf, RecvSide, SLOTS, check_message_size};
+use crate::core::group::Group;
+use crate::core::proto::{Layout, RecvBuf, RecvSide, SLOTS};
 use crate::core::wire::{Cts, Hello, MAX_RECVS, Role};
 use crate::verbs::{
     Access, Completion, CompletionQueue, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair,
@@ -72,19 +73,6 @@ struct RecvState {
     completed_any: bool,
     cts_posted: u64,
     flushes: Vec<FlushSlot>,
-}
-
-/// One buffer of a grouped receive.
-#[derive(Debug)]
-pub struct RecvTarget<'a> {
-    /// Buffer address.
-    pub addr: u64,
-    /// Capacity.
-    pub size: u64,
-    /// Expected tag.
-    pub tag: i32,
-    /// Its registration.
-    pub mr: &'a MrHandle,
 }
 
 /// A connected receive comm.
@@ -204,33 +192,21 @@ impl RecvComm {
         &self.ctx
     }
 
-    /// Post a (grouped) receive; `Ok(None)` when every slot is busy. Returns the request index.
+    /// Post a (grouped) receive of buffers checked by [`MrHandle::recv_buf`]; `Ok(None)` when
+    /// every slot is busy. Returns the request index.
     ///
     /// # Safety
     /// Each buffer must stay valid and writable until `test` reports the request done.
     ///
     /// # Errors
-    /// A failed comm's error; `Misuse` for a bad group or a buffer outside its registration.
-    pub unsafe fn irecv(&self, targets: &[RecvTarget<'_>]) -> Result<Option<usize>> {
-        for t in targets {
-            check_message_size(t.size, "a receive buffer")?;
-            t.mr.check(t.addr, t.size)?;
-        }
-        let bufs: Vec<RecvBuf> = targets
-            .iter()
-            .map(|t| RecvBuf {
-                addr: t.addr,
-                size: t.size,
-                rkeys: t.mr.rkeys(),
-                tag: t.tag,
-            })
-            .collect();
+    /// A failed comm's error; `Misuse` for a bad group.
+    pub unsafe fn irecv(&self, bufs: &[RecvBuf]) -> Result<Option<usize>> {
         let mut st = self.state.lock();
         st.failed.check()?;
         if let Err(e) = self.check_alive() {
             return Err(st.failed.record(e));
         }
-        let Some((_, cts)) = st.proto.irecv(&bufs)? else {
+        let Some((_, cts)) = st.proto.irecv(bufs)? else {
             return Ok(None);
         };
         let layout = st.proto.layout();
@@ -240,8 +216,12 @@ impl RecvComm {
             }
             let cts_qp = cts.qps.start;
             let offset = cts.slot * MAX_RECVS * Cts::LEN;
-            let bytes: Vec<u8> = cts.entries.iter().flat_map(Cts::emit).collect();
-            self.cts_staging.write(offset, &bytes);
+            let mut bytes = [0u8; MAX_RECVS * Cts::LEN];
+            for (chunk, entry) in bytes.chunks_exact_mut(Cts::LEN).zip(cts.entries.iter()) {
+                chunk.copy_from_slice(&entry.emit());
+            }
+            let bytes = &bytes[..cts.entries.len() * Cts::LEN];
+            self.cts_staging.write(offset, bytes);
             let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
             st.cts_posted += 1;
             let wr = WorkRequest {
@@ -310,7 +290,7 @@ impl RecvComm {
     ///
     /// # Errors
     /// The comm's failure, or `Misuse` for an index that is not in flight.
-    pub fn test(&self, index: usize) -> Result<Option<Vec<u64>>> {
+    pub fn test(&self, index: usize) -> Result<Option<Group<u64>>> {
         let mut st = self.state.lock();
         st.failed.check()?;
         if let Some(sizes) = self.take_done(&mut st, index)? {
@@ -331,13 +311,13 @@ impl RecvComm {
         check_alive(&self.ctx, self.link.as_ref(), "send comm")
     }
 
-    fn take_done(&self, st: &mut RecvState, index: usize) -> Result<Option<Vec<u64>>> {
+    fn take_done(&self, st: &mut RecvState, index: usize) -> Result<Option<Group<u64>>> {
         if index >= SLOTS {
             let k = index - SLOTS;
             return match st.flushes.get(k) {
                 Some(FlushSlot::Done) => {
                     st.flushes[k] = FlushSlot::Free;
-                    Ok(Some(Vec::new()))
+                    Ok(Some(Group::default()))
                 }
                 Some(FlushSlot::Pending(_)) => Ok(None),
                 _ => Err(Error::misuse(format!(
@@ -355,7 +335,7 @@ impl RecvComm {
                 .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
                 .collect()
         } else {
-            vec![done.imm_sum]
+            Group::one(done.imm_sum)
         };
         st.proto.release(index);
         Ok(Some(sizes))

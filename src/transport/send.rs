@@ -18,6 +18,7 @@ use super::watch::Watched;
 use super::wire_io::HandshakeStream;
 use crate::core::config::Traffic;
 use crate::core::error::{Error, Kind, Result};
+use crate::core::group::Group;
 use crate::core::proto::{
     Layout, POSTS_PER_MESSAGE, Post, RdmaWrite, SLOTS, SendBuf, SendSide, check_message_size,
 };
@@ -289,7 +290,7 @@ impl SendComm {
         }
         if let Some((seq, slot)) = st.proto.wants_cts() {
             match self.read_cts(seq, slot) {
-                Ok(Some(entries)) => st.proto.handle_cts(entries)?,
+                Ok(Some(entries)) => st.proto.handle_cts(&entries)?,
                 Ok(None) => return Ok(None),
                 Err(e) => return Err(st.failed.record(e)),
             }
@@ -309,7 +310,9 @@ impl SendComm {
                 self.remote
             );
         }
-        if let Err(e) = self.post(&accepted.posts) {
+        let posted = self.post(&accepted.posts);
+        st.proto.recycle(accepted.posts);
+        if let Err(e) = posted {
             return Err(st.failed.record(e));
         }
         Ok(Some(accepted.slot * MAX_RECVS + accepted.entry))
@@ -341,30 +344,31 @@ impl SendComm {
     }
 
     /// The ring slot's entries once all of them carry `seq + 1`.
-    fn read_cts(&self, seq: u64, slot: usize) -> Result<Option<Vec<Cts>>> {
+    fn read_cts(&self, seq: u64, slot: usize) -> Result<Option<Group<Cts>>> {
         let base = slot * MAX_RECVS * Cts::LEN;
         let want = seq + 1;
         if self.cts_ring.read_u64_acquire(base + Cts::SEQ_OFFSET) != want {
             return Ok(None);
         }
-        let mut entries = Vec::with_capacity(MAX_RECVS);
-        let first = Cts::parse(&self.cts_ring.read(base));
-        let n = first.nreqs as usize;
+        let n = Cts::parse(&self.cts_ring.read(base)).nreqs as usize;
         if !(1..=MAX_RECVS).contains(&n) {
             return Err(Error::new(
                 Kind::Remote,
                 format!("peer posted a CTS with {n} buffers ({})", self.remote),
             ));
         }
-        entries.push(first);
-        for i in 1..n {
+        let arrived = |i: usize| {
             let at = base + i * Cts::LEN;
-            if self.cts_ring.read_u64_acquire(at + Cts::SEQ_OFFSET) != want {
-                return Ok(None);
-            }
-            entries.push(Cts::parse(&self.cts_ring.read(at)));
+            self.cts_ring.read_u64_acquire(at + Cts::SEQ_OFFSET) == want
+        };
+        if !(1..n).all(arrived) {
+            return Ok(None);
         }
-        Ok(Some(entries))
+        Ok(Some(
+            (0..n)
+                .map(|i| Cts::parse(&self.cts_ring.read(base + i * Cts::LEN)))
+                .collect(),
+        ))
     }
 
     /// Post `posts` (grouped by QP, in order) as one chain per QP.

@@ -181,6 +181,10 @@ impl Row {
     fn msg_rate(&self) -> f64 {
         self.iters as f64 / self.seconds
     }
+    /// CPU microseconds one message cost a side in the bandwidth phase.
+    fn cpu_us_per_msg(&self, cpu: f64) -> f64 {
+        cpu * 1e6 / self.iters as f64
+    }
     fn cpu_per_gb(&self, cpu: f64) -> f64 {
         cpu / ((self.size * self.iters) as f64 / 1e9)
     }
@@ -504,6 +508,8 @@ fn print_json(o: &Options, report: &Report) {
                 "lat_us": r.lat_us,
                 "cpu_send_s_per_gb": r.cpu_per_gb(r.cpu_send),
                 "cpu_recv_s_per_gb": r.cpu_per_gb(r.cpu_recv),
+                "cpu_send_us_per_msg": r.cpu_us_per_msg(r.cpu_send),
+                "cpu_recv_us_per_msg": r.cpu_us_per_msg(r.cpu_recv),
                 "verified": r.verified,
             })
         })
