@@ -5,7 +5,8 @@
 # device is (inside the Soft-RoCE VM: scripts/rdma-vm.sh scripts/bench-vs-perftest.sh ...).
 #
 # usage: scripts/bench-vs-perftest.sh [--plugin PATH.so] [--against PATH.so [--preload LIB]]
-#          [--runs N] [--dev NAME] [--bytes BYTES] [--max BYTES] [--bench PATH] [--json]
+#          [--runs N] [--dev NAME] [--bytes BYTES] [--max BYTES] [--inflight N] [--bench PATH]
+#          [--json]
 #   --plugin   the plugin to measure (default: this repository's release build)
 #   --against  a second plugin, measured the same way in the same run (any ncclNet v8..v12)
 #   --preload  LD_PRELOAD for the --against plugin's runs only (a .so, or a .c compiled here),
@@ -14,6 +15,7 @@
 #   --dev      RDMA device (default rxe0); the plugin device with that name is used
 #   --bytes    bytes moved per size by both tools (default 128M)
 #   --max      largest message (default 64M)
+#   --inflight requests in flight in the benchmark's bandwidth phase (default 8, as NCCL)
 #   --bench    the nccl-net-bench binary (default: the release build)
 #   --json     print one JSON object instead of the table
 set -euo pipefail
@@ -29,7 +31,7 @@ to_bytes() { # 64K, 16M, 1G or a plain number
     *) echo $(($1)) ;;
   esac
 }
-dev=rxe0 bytes=$((128 << 20)) max=$((64 << 20)) against="" preload="" runs="" json=0
+dev=rxe0 bytes=$((128 << 20)) max=$((64 << 20)) inflight=8 against="" preload="" runs="" json=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --plugin) plugin="$2"; shift 2 ;;
@@ -39,6 +41,7 @@ while [ $# -gt 0 ]; do
     --dev) dev="$2"; shift 2 ;;
     --bytes) bytes="$(to_bytes "$2")"; shift 2 ;;
     --max) max="$(to_bytes "$2")"; shift 2 ;;
+    --inflight) inflight="$2"; shift 2 ;;
     --bench) bench="$2"; shift 2 ;;
     --json) json=1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -108,7 +111,7 @@ done >"$work/perftest.txt"
 sweep() { # sweep NAME PLUGIN PRELOAD RUN
   echo "nccl-net-bench run $4: $1 ($2)" >&2
   LD_PRELOAD="$3" "$bench" --plugin "$2" --dev "$dev" --min 8 --max "$max" --bytes "$bytes" \
-    --json >"$work/$1.$4.json" 2>"$work/$1.$4.err" || { cat "$work/$1.$4.err" >&2; exit 1; }
+    --inflight "$inflight" --json >"$work/$1.$4.json" 2>"$work/$1.$4.err" || { cat "$work/$1.$4.err" >&2; exit 1; }
 }
 for ((run = 1; run <= runs; run++)); do
   sweep plugin "$plugin" "" "$run"
