@@ -119,12 +119,14 @@ for ((run = 1; run <= runs; run++)); do
 done
 
 python3 - "$work" "$runs" "$json" "$([ -n "$against" ] && echo 1 || echo 0)" <<'PY'
-import json, statistics, sys
+import json, math, statistics, sys
 work, runs, as_json, with_against = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
 perf = {}
 for line in open(f"{work}/perftest.txt"):
     size, bw, lat = line.split()
-    perf[int(size)] = (None if bw == "-" else float(bw), None if lat == "-" else float(lat))
+    # perftest prints "inf" when a run's clock reading failed; such a figure is missing, not huge.
+    num = lambda v: None if v == "-" or not math.isfinite(float(v)) else float(v)
+    perf[int(size)] = (num(bw), num(lat))
 FIELDS = ["bw_mb_per_s", "msgs_per_s", "lat_us", "cpu_send_us_per_msg", "cpu_recv_us_per_msg"]
 
 def load(name):
@@ -132,7 +134,9 @@ def load(name):
     medians = {}
     for size in perf:
         rows = [next(x for x in s["results"] if x["size"] == size) for s in sweeps]
-        medians[size] = {f: statistics.median(r[f] for r in rows) for f in FIELDS}
+        # The benchmark writes null for a figure it could not compute; the median skips those.
+        median = lambda vs: statistics.median(vs) if vs else None
+        medians[size] = {f: median([r[f] for r in rows if r[f] is not None]) for f in FIELDS}
         medians[size]["runs"] = {f: [r[f] for r in rows] for f in FIELDS}
     return {"name": sweeps[0]["name"], "plugin": sweeps[0]["plugin"], "device": sweeps[0]["device"],
             "abi": sweeps[0]["abi"], "inflight": sweeps[0]["inflight"], "medians": medians}
@@ -154,7 +158,7 @@ for size, (pbw, plat) in sorted(perf.items()):
 doc = {"device": ours["device"], "runs": runs, "plugin": {k: ours[k] for k in ("name", "plugin", "abi", "inflight")},
        "against": {k: other[k] for k in ("name", "plugin", "abi", "inflight")} if other else None, "results": rows}
 if as_json:
-    print(json.dumps(doc))
+    print(json.dumps(doc, allow_nan=False))
     sys.exit(0)
 f = lambda v, spec: "-" if v is None else format(v, spec)
 print(f"# {ours['name']} ({ours['plugin']}, ncclNet v{ours['abi']}) on {ours['device']}, {ours['inflight']} in flight, "
@@ -172,15 +176,15 @@ print(head)
 print("# bw in MB/s (10^6 B), lat in us (ping-pong, half the round trip), cpu in us per message (bandwidth phase); /ib and /vs are ours over theirs")
 for r in rows:
     o = r["plugin"]
-    line = f"{r['size']:>9} {f(r['ib_write_bw_mb_per_s'], '.1f'):>9} {o['bw_mb_per_s']:>9.1f} {f(r['bw_vs_ib_write_bw'], '.2f'):>5}"
+    line = f"{r['size']:>9} {f(r['ib_write_bw_mb_per_s'], '.1f'):>9} {f(o['bw_mb_per_s'], '.1f'):>9} {f(r['bw_vs_ib_write_bw'], '.2f'):>5}"
     if other:
-        line += f" {r['against']['bw_mb_per_s']:>9.1f} {f(r['bw_vs_against'], '.2f'):>5}"
-    line += f" {f(r['ib_write_lat_us'], '.2f'):>8} {o['lat_us']:>8.2f} {f(r['lat_vs_ib_write_lat'], '.2f'):>5}"
+        line += f" {f(r['against']['bw_mb_per_s'], '.1f'):>9} {f(r['bw_vs_against'], '.2f'):>5}"
+    line += f" {f(r['ib_write_lat_us'], '.2f'):>8} {f(o['lat_us'], '.2f'):>8} {f(r['lat_vs_ib_write_lat'], '.2f'):>5}"
     if other:
         a = r["against"]
-        line += f" {a['lat_us']:>8.2f} {f(r['lat_vs_against'], '.2f'):>5} {o['msgs_per_s']:>8.0f} {a['msgs_per_s']:>8.0f} {f(r['msgs_vs_against'], '.2f'):>5}"
-    line += f" {o['cpu_send_us_per_msg']:>6.1f} {o['cpu_recv_us_per_msg']:>6.1f}"
+        line += f" {f(a['lat_us'], '.2f'):>8} {f(r['lat_vs_against'], '.2f'):>5} {f(o['msgs_per_s'], '.0f'):>8} {f(a['msgs_per_s'], '.0f'):>8} {f(r['msgs_vs_against'], '.2f'):>5}"
+    line += f" {f(o['cpu_send_us_per_msg'], '.1f'):>6} {f(o['cpu_recv_us_per_msg'], '.1f'):>6}"
     if other:
-        line += f" {r['against']['cpu_send_us_per_msg']:>6.1f} {r['against']['cpu_recv_us_per_msg']:>6.1f}"
+        line += f" {f(r['against']['cpu_send_us_per_msg'], '.1f'):>6} {f(r['against']['cpu_recv_us_per_msg'], '.1f'):>6}"
     print(line)
 PY

@@ -53,7 +53,12 @@ pub(super) enum PeerState {
 /// The out-of-band connection of one comm, as the watcher sees it.
 #[derive(Debug)]
 pub(super) struct PeerLink {
-    stream: TcpStream,
+    /// The connection; taken (closed) by the comm's `Watched` when the comm closes, under the
+    /// lock, so the socket is closed when `closeSend`/`closeRecv` returns even while the
+    /// watcher thread still holds this link, and the watcher never reads a closed fd.
+    stream: Mutex<Option<TcpStream>>,
+    /// Its fd, for the epoll set (removed before the socket is closed).
+    fd: RawFd,
     peer: SocketAddr,
     state: AtomicU8,
     /// When the goodbye arrived.
@@ -104,9 +109,14 @@ impl PeerLink {
 
     /// Read what arrived; `false` once the connection is closed (nothing more to watch).
     fn on_readable(&self) -> bool {
+        let stream = self.stream.lock();
+        let Some(mut stream) = stream.as_ref() else {
+            // The comm closed it: nothing more to watch.
+            return false;
+        };
         let mut buf = [0u8; 64];
         loop {
-            match (&self.stream).read(&mut buf) {
+            match stream.read(&mut buf) {
                 // The end of the stream: after a goodbye it is an orderly close, else the process
                 // is gone; a reset or other error is the same.
                 Ok(0) => return self.ended(),
@@ -151,13 +161,13 @@ impl Watched {
             .set_nonblocking(true)
             .map_err(|e| Error::system(format!("watching the connection to {peer}"), e))?;
         let link = Arc::new(PeerLink {
-            stream,
+            fd: stream.as_raw_fd(),
+            stream: Mutex::new(Some(stream)),
             peer,
             state: AtomicU8::new(ALIVE),
             closed_at: OnceLock::new(),
         });
-        let fd = link.stream.as_raw_fd();
-        let key = Watcher::get()?.register(fd, Target::Link(Arc::clone(&link)))?;
+        let key = Watcher::get()?.register(link.fd, Target::Link(Arc::clone(&link)))?;
         Ok(Self { link, key })
     }
 
@@ -169,13 +179,17 @@ impl Watched {
 
 impl Drop for Watched {
     fn drop(&mut self) {
-        if self.link.state() == PeerState::Alive {
+        if self.link.state() == PeerState::Alive
+            && let Some(mut stream) = self.link.stream.lock().as_ref()
+        {
             // Best effort: a full socket buffer or a dead peer just means no goodbye.
-            let _ = (&self.link.stream).write(&[GOODBYE]);
+            let _ = stream.write(&[GOODBYE]);
         }
         if let Some(w) = WATCHER.get() {
             w.unregister(self.key);
         }
+        // Close the socket now, not when the watcher lets go of its clone of the link.
+        drop(self.link.stream.lock().take());
     }
 }
 
@@ -280,7 +294,7 @@ enum Target {
 impl Target {
     fn fd(&self) -> RawFd {
         match self {
-            Self::Link(l) => l.stream.as_raw_fd(),
+            Self::Link(l) => l.fd,
             Self::Device(d) => d.fd,
         }
     }
