@@ -3,19 +3,22 @@
 # installed, and the virtme-ng venv is created once. Afterwards every program the scripts call
 # is checked; a missing one fails here, by name, instead of obscurely in a later step.
 #
-# usage: scripts/deps.sh [build] [vm]
+# usage: scripts/deps.sh [build] [vm] [profile]
 #   build  compilers and verbs headers for `cargo build` / `cargo test` on the host
 #   vm     qemu, busybox (virtme-ng builds the VM's initramfs with it), Debian's kernel (which
 #          has rdma_rxe), rdma-core tools, perftest, and virtme-ng
+#   profile  strace and perf, for the per-message profiling in README "Performance" (run inside
+#            the VM, which shares this filesystem); not needed by the tests
 # Prints the venv's bin directory on stdout when `vm` is given (for PATH).
 set -euo pipefail
 
-want_build=0 want_vm=0
+want_build=0 want_vm=0 want_profile=0
 for arg in "${@:-build}"; do
   case "$arg" in
     build) want_build=1 ;;
     vm) want_vm=1 ;;
-    *) echo "deps.sh: unknown component '$arg' (expected build or vm)" >&2; exit 2 ;;
+    profile) want_profile=1 ;;
+    *) echo "deps.sh: unknown component '$arg' (expected build, vm or profile)" >&2; exit 2 ;;
   esac
 done
 
@@ -28,6 +31,9 @@ fi
 if [ "$want_vm" = 1 ]; then
   packages+=(qemu-system-x86 busybox-static linux-image-amd64 rdma-core ibverbs-utils ibverbs-providers
     perftest iproute2 kmod procps util-linux python3 python3-venv)
+fi
+if [ "$want_profile" = 1 ]; then
+  packages+=(strace linux-perf)
 fi
 
 missing=()
@@ -78,6 +84,9 @@ if [ "$want_vm" = 1 ]; then
       problems+=("kernel $version in /boot has no rdma_rxe module under /lib/modules/$version")
     fi
   fi
+fi
+if [ "$want_profile" = 1 ]; then
+  for prog in strace perf; do need "$prog"; done
 fi
 if [ "${#problems[@]}" -gt 0 ]; then
   for p in "${problems[@]}"; do echo "deps.sh: $p" >&2; done
