@@ -121,11 +121,13 @@ done
 python3 - "$work" "$runs" "$json" "$([ -n "$against" ] && echo 1 || echo 0)" <<'PY'
 import json, math, statistics, sys
 work, runs, as_json, with_against = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
+# perftest prints "inf" when a run's clock reading failed; such a figure is missing, not huge.
+num = lambda v: None if v == "-" or not math.isfinite(float(v)) else float(v)
+# The benchmark writes null for a figure it could not compute; the median skips those.
+median = lambda vs: statistics.median(vs) if vs else None
 perf = {}
 for line in open(f"{work}/perftest.txt"):
     size, bw, lat = line.split()
-    # perftest prints "inf" when a run's clock reading failed; such a figure is missing, not huge.
-    num = lambda v: None if v == "-" or not math.isfinite(float(v)) else float(v)
     perf[int(size)] = (num(bw), num(lat))
 FIELDS = ["bw_mb_per_s", "msgs_per_s", "lat_us", "cpu_send_us_per_msg", "cpu_recv_us_per_msg"]
 
@@ -134,8 +136,6 @@ def load(name):
     medians = {}
     for size in perf:
         rows = [next(x for x in s["results"] if x["size"] == size) for s in sweeps]
-        # The benchmark writes null for a figure it could not compute; the median skips those.
-        median = lambda vs: statistics.median(vs) if vs else None
         medians[size] = {f: median([r[f] for r in rows if r[f] is not None]) for f in FIELDS}
         medians[size]["runs"] = {f: [r[f] for r in rows] for f in FIELDS}
     return {"name": sweeps[0]["name"], "plugin": sweeps[0]["plugin"], "device": sweeps[0]["device"],

@@ -491,7 +491,7 @@ impl SendSide {
     ///
     /// # Errors
     /// `Remote` when the entries are inconsistent (the receiver broke the protocol).
-    pub fn handle_cts(&mut self, entries: &[Cts]) -> Result<()> {
+    pub fn handle_cts(&mut self, entries: Group<Cts>) -> Result<()> {
         let seq = self.next_seq;
         let n = entries.len();
         let consistent = (1..=MAX_RECVS).contains(&n)
@@ -506,7 +506,7 @@ impl SendSide {
         }
         self.slots[slot_of(seq)] = Some(SendSlot {
             seq,
-            cts: entries.iter().copied().collect(),
+            cts: entries,
             matched: [None; MAX_RECVS],
             tested: [false; MAX_RECVS],
             pending: 0,

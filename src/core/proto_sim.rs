@@ -86,12 +86,12 @@ impl Pair {
             let first = self.ring[slot * MAX_RECVS].filter(|c| c.seq_plus_one == seq + 1);
             let Some(first) = first else { return Ok(None) };
             let n = first.nreqs as usize;
-            let entries: Vec<Cts> = self.ring[slot * MAX_RECVS..slot * MAX_RECVS + n]
+            let entries: Group<Cts> = self.ring[slot * MAX_RECVS..slot * MAX_RECVS + n]
                 .iter()
                 .flatten()
                 .copied()
                 .collect();
-            self.send.handle_cts(&entries)?;
+            self.send.handle_cts(entries)?;
         }
         let accepted = self.send.isend(buf)?;
         if let Some(a) = &accepted {

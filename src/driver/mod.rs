@@ -920,36 +920,35 @@ fn info_v8(p: &ncclNetProperties_v8_t) -> DeviceInfo {
     common_info!(p)
 }
 
+/// What v9 added to the properties (v10 to v12 keep it), over [`common_info!`].
+macro_rules! v9_info {
+    ($p:expr) => {
+        DeviceInfo {
+            force_flush: Some($p.forceFlush),
+            members: members($p.vProps.ndevs, &$p.vProps.devs),
+            max_p2p_bytes: Some($p.maxP2pBytes),
+            max_coll_bytes: Some($p.maxCollBytes),
+            ..common_info!($p)
+        }
+    };
+}
+
 fn info_v9(p: &ncclNetProperties_v9_t) -> DeviceInfo {
-    DeviceInfo {
-        force_flush: Some(p.forceFlush),
-        members: members(p.vProps.ndevs, &p.vProps.devs),
-        max_p2p_bytes: Some(p.maxP2pBytes),
-        max_coll_bytes: Some(p.maxCollBytes),
-        ..common_info!(p)
-    }
+    v9_info!(p)
 }
 
 fn info_v11(p: &ncclNetProperties_v11_t) -> DeviceInfo {
     DeviceInfo {
-        force_flush: Some(p.forceFlush),
-        members: members(p.vProps.ndevs, &p.vProps.devs),
-        max_p2p_bytes: Some(p.maxP2pBytes),
-        max_coll_bytes: Some(p.maxCollBytes),
         max_multi_request: Some(p.maxMultiRequestSize),
-        ..common_info!(p)
+        ..v9_info!(p)
     }
 }
 
 fn info_v12(p: &ncclNetProperties_v12_t) -> DeviceInfo {
     DeviceInfo {
-        force_flush: Some(p.forceFlush),
-        members: members(p.vProps.ndevs, &p.vProps.devs),
-        max_p2p_bytes: Some(p.maxP2pBytes),
-        max_coll_bytes: Some(p.maxCollBytes),
         max_multi_request: Some(p.maxMultiRequestSize),
         rail_plane: Some((p.railId, p.planeId)),
-        ..common_info!(p)
+        ..v9_info!(p)
     }
 }
 

@@ -290,7 +290,7 @@ impl SendComm {
         }
         if let Some((seq, slot)) = st.proto.wants_cts() {
             match self.read_cts(seq, slot) {
-                Ok(Some(entries)) => st.proto.handle_cts(&entries)?,
+                Ok(Some(entries)) => st.proto.handle_cts(entries)?,
                 Ok(None) => return Ok(None),
                 Err(e) => return Err(st.failed.record(e)),
             }
@@ -350,7 +350,9 @@ impl SendComm {
         if self.cts_ring.read_u64_acquire(base + Cts::SEQ_OFFSET) != want {
             return Ok(None);
         }
-        let n = Cts::parse(&self.cts_ring.read(base)).nreqs as usize;
+        let entry = |i: usize| Cts::parse(&self.cts_ring.read(base + i * Cts::LEN));
+        let first = entry(0);
+        let n = first.nreqs as usize;
         if !(1..=MAX_RECVS).contains(&n) {
             return Err(Error::new(
                 Kind::Remote,
@@ -365,9 +367,7 @@ impl SendComm {
             return Ok(None);
         }
         Ok(Some(
-            (0..n)
-                .map(|i| Cts::parse(&self.cts_ring.read(base + i * Cts::LEN)))
-                .collect(),
+            std::iter::once(first).chain((1..n).map(entry)).collect(),
         ))
     }
 
