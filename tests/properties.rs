@@ -122,6 +122,7 @@ proptest! {
             traffic_class: tc_sl.0,
             service_level: tc_sl.1,
             split_data: split,
+            eager_bytes: seed,
         };
         prop_assert_eq!(Hello::parse(&h.emit()).unwrap(), h);
     }

@@ -6,8 +6,11 @@ mod support;
 
 use std::process::Command;
 
+/// Run the benchmark, killed after 5 minutes: a hang fails the test instead of stalling the
+/// suite.
 fn bench(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nccl-net-bench"))
+    let out = Command::new("timeout")
+        .args(["300", env!("CARGO_BIN_EXE_nccl-net-bench")])
         .args(args)
         .output()
         .unwrap();
@@ -63,6 +66,40 @@ fn sweep_reports_every_size_with_verified_data() {
     }
 }
 
+/// `--recv-late`: each ping is sent before its receive is posted and each side then waits on its
+/// receive only, so small messages go eager and some land after their receive's CTS went out.
+/// A send request that needed another `test` on the sender's side before its data moved would
+/// hang this ping-pong (it did, while a CTS written first made the sender write again).
+#[test]
+fn late_receives_ping_pong_through_the_eager_path_without_waiting_on_the_sender() {
+    let plugin = support::plugin_path();
+    let (ok, stdout, stderr) = bench(&[
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--dev",
+        "rxe0",
+        "--min",
+        "8",
+        "--max",
+        "16K",
+        "--iters",
+        "64",
+        "--lat-iters",
+        "300",
+        "--recv-late",
+        "--verify",
+        "--json",
+    ]);
+    assert!(ok, "benchmark failed:\n{stdout}\n{stderr}");
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let rows = doc["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 12, "8 B to 16 KiB: {stdout}");
+    for row in rows {
+        assert_eq!(row["verified"], true, "data not verified: {row}");
+        assert!(row["lat_us"].as_f64().unwrap() > 0.0, "{row}");
+    }
+}
+
 #[test]
 fn table_output_has_a_header_and_a_row_per_size() {
     let plugin = support::plugin_path();
@@ -92,7 +129,7 @@ fn table_output_has_a_header_and_a_row_per_size() {
 }
 
 /// `scripts/bench-vs-perftest.sh --against`: perftest and two plugins in one run, alternating,
-/// medians and ratios per size in its JSON. The other plugin here is this one again (the
+/// medians and ratios per size in its JSON (here with `--recv-late` and `--plugin-env`). The other plugin here is this one again (the
 /// mechanics, not a verdict; the README's table uses the reference plugin).
 #[test]
 fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
@@ -108,6 +145,9 @@ fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
         ])
         .args(["--runs", "2", "--max", "4K", "--bytes", "256K", "--json"])
         .args(["--bench", env!("CARGO_BIN_EXE_nccl-net-bench")])
+        // This plugin without its eager path against itself with it, late receives: the
+        // README's eager comparison.
+        .args(["--recv-late", "--plugin-env", "NCCL_NET_RS_EAGER_BYTES=0"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -118,6 +158,8 @@ fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
         (doc["runs"].as_u64(), doc["against"]["name"].as_str()),
         (Some(2), Some("RsIB"))
     );
+    assert_eq!(doc["recv_late"], true, "{doc}");
+    assert_eq!(doc["plugin_env"][0], "NCCL_NET_RS_EAGER_BYTES=0", "{doc}");
     let rows = doc["results"].as_array().unwrap();
     let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
     assert_eq!(sizes, (3..=12).map(|p| 1u64 << p).collect::<Vec<_>>());

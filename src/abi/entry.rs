@@ -294,7 +294,7 @@ pub(super) unsafe extern "C" fn net_reg_mr(
         // SAFETY: NCCL passes back a comm connect()/accept() returned.
         let ctx = unsafe { handles::any_comm_context(comm) }?;
         // SAFETY: NCCL keeps `data[..size]` mapped until it calls deregMr on this handle.
-        let mr = unsafe { ctx.register(data as u64, size as u64) }?;
+        let mr = unsafe { ctx.register(data as u64, size as u64, kind == NCCL_PTR_HOST) }?;
         out.write(handles::mr_into_raw(mr));
         Ok(())
     })

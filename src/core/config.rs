@@ -8,6 +8,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
+use super::eager::MAX_EAGER_BYTES;
 use super::error::{Error, Result};
 
 /// One knob: its name, its default, and what it means, as the README documents it.
@@ -128,6 +129,11 @@ pub const KNOBS: &[Knob] = &[
         default: "120",
         meaning: "seconds connect/accept may take",
     },
+    Knob {
+        name: "NCCL_NET_RS_EAGER_BYTES",
+        default: "4096",
+        meaning: "largest host-memory message sent without waiting for the clear-to-send (0 = never; at most 65536)",
+    },
 ];
 
 /// Traffic class (RoCE GRH) and service level (InfiniBand) of a connection's QPs.
@@ -138,6 +144,9 @@ pub struct Traffic {
     /// InfiniBand service level.
     pub level: u8,
 }
+
+/// Default of `NCCL_NET_RS_EAGER_BYTES`.
+pub const DEFAULT_EAGER_BYTES: u64 = 4096;
 
 /// Most QPs one connection may use.
 pub const MAX_QPS_PER_CONNECTION: u32 = 16;
@@ -209,6 +218,8 @@ pub struct Config {
     pub dmabuf_enabled: bool,
     /// Fail comms after a fatal asynchronous device event (`NCCL_IB_RETURN_ASYNC_EVENTS`).
     pub return_async_events: bool,
+    /// Largest message of the eager path (`NCCL_NET_RS_EAGER_BYTES`); 0 = off.
+    pub eager_bytes: u64,
 }
 
 impl Default for Config {
@@ -234,6 +245,7 @@ impl Default for Config {
             relaxed_ordering: RelaxedOrdering::Auto,
             dmabuf_enabled: true,
             return_async_events: true,
+            eager_bytes: DEFAULT_EAGER_BYTES,
         }
     }
 }
@@ -380,6 +392,9 @@ impl Config {
                     c.return_async_events = number(name, value, 0, 1)? == 1;
                 }
                 "NCCL_SOCKET_IFNAME" => c.socket_ifname = Some(value.to_owned()),
+                "NCCL_NET_RS_EAGER_BYTES" => {
+                    c.eager_bytes = narrow(number(name, value, 0, MAX_EAGER_BYTES as i64)?);
+                }
                 "NCCL_NET_RS_CONNECT_TIMEOUT" => {
                     c.connect_timeout =
                         Duration::from_secs(narrow(number(name, value, 1, 86_400)?));

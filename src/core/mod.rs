@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod eager;
 pub mod error;
 pub mod group;
 pub mod proto;

@@ -19,6 +19,7 @@
 use std::collections::VecDeque;
 
 use super::config::MAX_FUSED_MEMBERS;
+use super::eager::{self, Announced};
 use super::error::{Error, Kind, Result};
 use super::group::Group;
 use super::wire::{Cts, MAX_RECVS};
@@ -48,13 +49,6 @@ pub const WRITES_PER_CHUNK: usize = (MAX_MESSAGE_BYTES / MAX_WRITE_BYTES) as usi
 /// the closing write-with-immediate.
 pub const POSTS_PER_MESSAGE: usize = MAX_RECVS * WRITES_PER_CHUNK + 2;
 
-/// Whether a message's sizes travel in the receiver's sizes ring instead of the immediates: for
-/// grouped receives, and for single buffers whose size may not fit the 32-bit immediate. Both
-/// sides decide from the CTS (`n` and the capacity), so they agree.
-pub fn uses_sizes_ring(n: usize, capacity: u64) -> bool {
-    n > 1 || capacity > u64::from(u32::MAX)
-}
-
 /// Refuse a message or buffer larger than [`MAX_MESSAGE_BYTES`], naming both sizes.
 ///
 /// # Errors
@@ -82,6 +76,9 @@ pub struct Layout {
     pub local_members: usize,
     /// Ports of the peer's device.
     pub remote_members: usize,
+    /// Largest message the eager path carries on this connection; 0 when it is not used (either
+    /// side's knob is 0, the peer predates it, or the connection has more than one QP).
+    pub eager_bytes: u64,
 }
 
 impl Layout {
@@ -92,7 +89,21 @@ impl Layout {
             split,
             local_members: 1,
             remote_members: 1,
+            eager_bytes: 0,
         }
+    }
+
+    /// Whether a message's sizes travel in the receiver's sizes ring instead of the immediates:
+    /// for grouped receives, and for single buffers whose size may not fit the immediate (32
+    /// bits, or 31 where the eager path claims the top bit). Both sides decide from the CTS (`n`
+    /// and the capacity) and the layout they agreed on, so they agree.
+    pub fn uses_sizes_ring(&self, n: usize, capacity: u64) -> bool {
+        let limit = if self.eager_bytes > 0 {
+            eager::MAX_RENDEZVOUS_IMM
+        } else {
+            u64::from(u32::MAX)
+        };
+        n > 1 || capacity > limit
     }
 
     /// Members of the larger side: QPs come in groups of this many.
@@ -157,17 +168,35 @@ pub struct RecvBuf {
     pub rkeys: [u32; MAX_FUSED_MEMBERS],
     /// Expected tag.
     pub tag: i32,
+    /// Registered as host memory: the eager path may copy into it.
+    pub host: bool,
 }
 
-/// CTS entries the glue must RDMA-write into the sender's ring.
+/// An eager message to copy out of the bounce ring before answering.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct EagerCopy {
+    /// Bounce slot holding the payload.
+    pub bounce_slot: usize,
+    /// Destination: the posted buffer.
+    pub addr: u64,
+    /// Bytes to copy (the message, clamped to the buffer).
+    pub len: u64,
+}
+
+/// What `irecv` has the glue do: post receives, copy an eager message, and RDMA-write the
+/// answer (CTS entries or an eager acknowledgement) into the sender's ring.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CtsPost {
     /// Ring slot (entries go to `slot * MAX_RECVS` onwards).
     pub slot: usize,
-    /// The QPs the message uses: post one receive on each, and the CTS write on the first.
-    pub qps: std::ops::Range<usize>,
-    /// The entries, one per buffer.
+    /// Post one receive on each of these QPs (empty when the message already arrived eagerly).
+    pub recvs: std::ops::Range<usize>,
+    /// The QP the answer is written on.
+    pub qp: usize,
+    /// The entries: one per buffer, or one eager acknowledgement.
     pub entries: Group<Cts>,
+    /// Copy this first, when the message arrived eagerly and the receive can take it.
+    pub copy: Option<EagerCopy>,
 }
 
 /// A completed receive, as `test` reports it.
@@ -187,6 +216,42 @@ struct RecvSlot {
     ringed: bool,
     pending: usize,
     imm_sum: u64,
+    /// The buffer of a single receive.
+    single: Option<RecvBuf>,
+    /// Its CTS promised to copy an eager message with its tag (a single host-memory receive).
+    promised: bool,
+}
+
+/// An eager message that arrived before its receive was posted.
+#[derive(Copy, Clone, Debug)]
+struct Arrival {
+    seq: u64,
+    size: u64,
+    tag: i32,
+}
+
+/// An eager message's header as the glue read it from the bounce slot.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct EagerHeader {
+    /// The sequence number it names.
+    pub seq: u64,
+    /// The send's tag.
+    pub tag: i32,
+}
+
+/// What became of an eager message that arrived.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Arrived {
+    /// Kept for its receive, which is not posted yet (the glue posts the receive its
+    /// write-with-immediate used again).
+    Kept,
+    /// Dropped: the sender writes it again by rendezvous or renumbers it (receive posted again,
+    /// as for `Kept`).
+    Dropped,
+    /// Its receive was posted first, with a CTS that promised the copy: copy it now, and the
+    /// receive is done. No receive is posted again: the receive posted for the rendezvous write
+    /// that will not come takes its place.
+    Copied(EagerCopy),
 }
 
 /// Receiver side of one connection.
@@ -196,6 +261,12 @@ pub struct RecvSide {
     next_seq: u64,
     slots: Vec<Option<RecvSlot>>,
     expected: Vec<VecDeque<u64>>,
+    /// The message at which the sender renumbers its eager sends (a grouped receive, or one
+    /// for another tag): eager messages after it are dropped unanswered, none is copied from
+    /// it on.
+    stopped_at: Option<u64>,
+    /// Per bounce slot, an eager message waiting for its receive.
+    arrivals: Vec<Option<Arrival>>,
 }
 
 impl RecvSide {
@@ -206,6 +277,8 @@ impl RecvSide {
             next_seq: 0,
             slots: vec![None; SLOTS],
             expected: vec![VecDeque::new(); layout.nqps],
+            stopped_at: None,
+            arrivals: vec![None; SLOTS],
         }
     }
 
@@ -214,9 +287,104 @@ impl RecvSide {
         self.layout
     }
 
+    /// Whether eager messages are still copied on this connection.
+    pub fn eager_active(&self) -> bool {
+        self.layout.eager_bytes > 0 && self.stopped_at.is_none()
+    }
+
+    /// Whether eager message `seq` may be copied into its receive.
+    fn copies(&self, seq: u64) -> bool {
+        self.layout.eager_bytes > 0 && self.stopped_at.is_none_or(|at| seq < at)
+    }
+
+    /// The sender renumbers its eager sends from message `seq` on (see [`eager`]).
+    fn stop_at(&mut self, seq: u64) {
+        if self.stopped_at.is_none() {
+            self.stopped_at = Some(seq);
+            for a in &mut self.arrivals {
+                *a = a.filter(|a| a.seq <= seq);
+            }
+        }
+    }
+
+    /// `Some` when `imm` announces an eager message on a connection that negotiated them;
+    /// the glue then reads its header from the bounce slot and calls [`Self::eager_arrived`].
+    pub fn announced(&self, imm: u32) -> Option<Announced> {
+        Announced::from_imm(imm).filter(|_| self.layout.eager_bytes > 0)
+    }
+
+    /// An eager message arrived (its write-with-immediate completed). Kept for its receive
+    /// when that is not posted yet. When the receive was posted first, its CTS already told the
+    /// sender what happens: a CTS that promised the copy (a single host-memory receive for this
+    /// tag) gets it now; any other CTS made the sender write the message again by rendezvous or
+    /// renumber it, and the copy is dropped. Messages the sender renumbers are dropped too.
+    ///
+    /// # Errors
+    /// `Remote` when the message cannot be one the sender may have sent.
+    pub fn eager_arrived(&mut self, a: Announced, header: EagerHeader) -> Result<Arrived> {
+        let seq = a.seq_near(self.next_seq, SLOTS as u64);
+        let slot = slot_of(seq);
+        let bad = |what: String| Err(Error::new(Kind::Remote, what));
+        if a.size > self.layout.eager_bytes {
+            return bad(format!(
+                "eager message {seq} of {} bytes exceeds the agreed {} bytes",
+                a.size, self.layout.eager_bytes
+            ));
+        }
+        // A bounce slot is written again only after its message was answered.
+        if header.seq != seq {
+            return bad(format!(
+                "eager message {seq} arrived with the header of message {}",
+                header.seq
+            ));
+        }
+        if self.stopped_at.is_some_and(|at| seq > at) {
+            return Ok(Arrived::Dropped);
+        }
+        if seq >= self.next_seq {
+            self.arrivals[slot] = Some(Arrival {
+                seq,
+                size: a.size,
+                tag: header.tag,
+            });
+            return Ok(Arrived::Kept);
+        }
+        let Some(posted) = self.slots[slot] else {
+            return bad(format!(
+                "eager message {seq} arrived after its receive completed"
+            ));
+        };
+        match posted.single {
+            Some(b) if posted.promised && b.tag == header.tag && self.copies(seq) => {
+                let len = a.size.min(b.size);
+                self.slots[slot] = Some(RecvSlot {
+                    pending: 0,
+                    imm_sum: len,
+                    ..posted
+                });
+                let qps = self.layout.qps_for(seq, b.size);
+                for q in qps {
+                    self.expected[q].retain(|&s| s != seq);
+                }
+                Ok(Arrived::Copied(EagerCopy {
+                    bounce_slot: slot,
+                    addr: b.addr,
+                    len,
+                }))
+            }
+            Some(b) if b.tag != header.tag => {
+                // The sender renumbers from here on, having read a CTS for another tag.
+                self.stop_at(seq);
+                Ok(Arrived::Dropped)
+            }
+            _ => Ok(Arrived::Dropped),
+        }
+    }
+
     /// Post `bufs` as one request. `Ok(None)`: every slot is busy, NCCL retries later.
-    /// On success returns the request's slot and the CTS to write; the glue must first post one
-    /// receive WQE on each QP of `layout().qps_for(seq)`, where `seq` is the returned sequence.
+    /// On success returns the request's sequence number and what the glue must do: post the
+    /// receives, then (after copying an eager message that already arrived, which completes
+    /// the request at once) write the answer into the sender's ring.
     ///
     /// # Errors
     /// `Misuse` when `bufs` is empty or longer than [`MAX_RECVS`], or a buffer is larger than
@@ -238,18 +406,8 @@ impl RecvSide {
         }
         let capacity = capacity(bufs.iter().map(|b| b.size));
         let qps = self.layout.qps_for(seq, capacity);
-        for q in qps.clone() {
-            self.expected[q].push_back(seq);
-        }
-        self.slots[slot] = Some(RecvSlot {
-            n: bufs.len(),
-            ringed: uses_sizes_ring(bufs.len(), capacity),
-            pending: qps.len(),
-            imm_sum: 0,
-        });
-        self.next_seq += 1;
         let nreqs = u32::try_from(bufs.len()).unwrap_or(0);
-        let entries = bufs
+        let cts: Group<Cts> = bufs
             .iter()
             .map(|b| Cts {
                 addr: b.addr,
@@ -260,7 +418,76 @@ impl RecvSide {
                 seq_plus_one: seq + 1,
             })
             .collect();
-        Ok(Some((seq, CtsPost { slot, qps, entries })))
+        let single = (bufs.len() == 1).then(|| bufs[0]);
+        let promised = single.is_some_and(|b| b.host) && self.copies(seq);
+        if bufs.len() > 1 {
+            // The sender cannot tell a grouped receive from single ones: it renumbers.
+            self.stop_at(seq);
+        }
+        let arrival = self.arrivals[slot].take().filter(|a| a.seq == seq);
+        let mut entries = cts;
+        if let Some(a) = arrival {
+            if let Some(b) = single
+                && b.host
+                && b.tag == a.tag
+                && self.copies(seq)
+            {
+                let len = a.size.min(b.size);
+                self.slots[slot] = Some(RecvSlot {
+                    n: 1,
+                    ringed: false,
+                    pending: 0,
+                    imm_sum: len,
+                    single,
+                    promised,
+                });
+                self.next_seq += 1;
+                let copy = EagerCopy {
+                    bounce_slot: slot,
+                    addr: b.addr,
+                    len,
+                };
+                return Ok(Some((
+                    seq,
+                    CtsPost {
+                        slot,
+                        recvs: qps.start..qps.start,
+                        qp: qps.start,
+                        entries: Group::one(eager::ack(seq, len)),
+                        copy: Some(copy),
+                    },
+                )));
+            }
+            if single.is_some_and(|b| b.tag != a.tag) {
+                self.stop_at(seq);
+            }
+            entries = eager::refusal(cts);
+        } else if self.layout.eager_bytes > 0 && !promised {
+            // The sender may have sent this message eagerly already: it is not copied here.
+            entries = eager::refusal(cts);
+        }
+        for q in qps.clone() {
+            self.expected[q].push_back(seq);
+        }
+        self.slots[slot] = Some(RecvSlot {
+            n: bufs.len(),
+            ringed: self.layout.uses_sizes_ring(bufs.len(), capacity),
+            pending: qps.len(),
+            imm_sum: 0,
+            single,
+            promised,
+        });
+        self.next_seq += 1;
+        Ok(Some((
+            seq,
+            CtsPost {
+                slot,
+                qp: qps.start,
+                recvs: qps,
+                entries,
+                copy: None,
+            },
+        )))
     }
 
     /// Account for a write-with-immediate that completed on QP `qp`.
@@ -323,6 +550,8 @@ pub struct SendBuf {
     pub lkeys: [u32; MAX_FUSED_MEMBERS],
     /// Tag (the sender's rank).
     pub tag: i32,
+    /// Registered as host memory: the eager path may send it.
+    pub host: bool,
 }
 
 /// One RDMA write from registered local memory into a peer's buffer.
@@ -404,6 +633,26 @@ pub enum Post {
         /// Slot whose completion this is.
         slot: usize,
     },
+    /// An eager message: an unsignaled write of its [`eager::header`] into the receiver's
+    /// bounce slot `slot`, then a signaled write-with-immediate of the payload behind it.
+    Eager {
+        /// QP index.
+        qp: usize,
+        /// Message (and bounce) slot.
+        slot: usize,
+        /// Message sequence number.
+        seq: u64,
+        /// The send's tag.
+        tag: i32,
+        /// Payload address (registered under `lkey`).
+        local_addr: u64,
+        /// Local key of the payload.
+        lkey: u32,
+        /// Payload bytes.
+        len: u64,
+        /// Immediate ([`eager::imm`]).
+        imm: u32,
+    },
 }
 
 impl Post {
@@ -411,7 +660,7 @@ impl Post {
     pub fn qp(&self) -> usize {
         match self {
             Self::Write(w) | Self::WriteImm { write: w, .. } => w.qp,
-            Self::Sizes { qp, .. } => *qp,
+            Self::Sizes { qp, .. } | Self::Eager { qp, .. } => *qp,
         }
     }
 }
@@ -419,9 +668,9 @@ impl Post {
 /// What `isend` accepted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Accepted {
-    /// Slot of the message.
-    pub slot: usize,
-    /// Entry of the slot this send matched.
+    /// The request index to hand NCCL (below [`SEND_REQUESTS`]).
+    pub req: usize,
+    /// Entry of the message's CTS this send matched (0 for an eager message).
     pub entry: usize,
     /// `(requested, delivered)` when the send was larger than the posted receive.
     pub truncated: Option<(u64, u64)>,
@@ -429,30 +678,107 @@ pub struct Accepted {
     pub posts: Vec<Post>,
 }
 
+/// Requests a send side can have in flight: every entry of every slot, plus the eager sends a
+/// renumbering holds back (one per slot).
+pub const SEND_REQUESTS: usize = SLOTS * (MAX_RECVS + 1);
+
+/// A message whose CTS the sender captured.
 #[derive(Copy, Clone, Debug)]
-struct SendSlot {
-    seq: u64,
+struct Rendezvous {
     cts: Group<Cts>,
-    /// The send matched to each entry (the first `cts.len()` are used).
-    matched: [Option<SendBuf>; MAX_RECVS],
+    /// The send matched to each entry, with its request (the first `cts.len()` are used).
+    matched: [Option<(SendBuf, usize)>; MAX_RECVS],
     /// Which entries NCCL saw done.
     tested: [bool; MAX_RECVS],
     pending: usize,
     posted: bool,
 }
 
-impl SendSlot {
+impl Rendezvous {
+    fn new(cts: Group<Cts>) -> Self {
+        Self {
+            cts,
+            matched: [None; MAX_RECVS],
+            tested: [false; MAX_RECVS],
+            pending: 0,
+            posted: false,
+        }
+    }
+
     fn all_matched(&self) -> bool {
         self.matched[..self.cts.len()].iter().all(Option::is_some)
     }
+
+    /// Match `buf` (request `req`) to the first unmatched entry with its tag, clamped to the
+    /// entry's size; returns the entry and `(requested, delivered)` when truncated.
+    fn take(&mut self, buf: SendBuf, req: usize) -> Option<(usize, Option<(u64, u64)>)> {
+        let entry = (0..self.cts.len())
+            .find(|&i| self.matched[i].is_none() && self.cts[i].tag == buf.tag)?;
+        let capacity = self.cts[entry].size;
+        let truncated = (buf.size > capacity).then_some((buf.size, capacity));
+        let clamped = SendBuf {
+            size: buf.size.min(capacity),
+            ..buf
+        };
+        self.matched[entry] = Some((clamped, req));
+        Some((entry, truncated))
+    }
+}
+
+// The slots are a fixed vector built once: boxing the larger variant would allocate per message.
+#[allow(clippy::large_enum_variant)]
+#[derive(Copy, Clone, Debug)]
+enum SlotState {
+    /// Sent eagerly; `delivered` once the receiver acknowledged it or promised the copy,
+    /// `sent` once the sender's own write completed (NCCL may then reuse the buffer).
+    Eager {
+        req: usize,
+        buf: SendBuf,
+        delivered: Option<u64>,
+        sent: bool,
+    },
+    Rendezvous(Rendezvous),
+}
+
+#[derive(Copy, Clone, Debug)]
+struct SendSlot {
+    seq: u64,
+    state: SlotState,
+}
+
+/// Where a request stands.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Request {
+    Free,
+    /// Part of message `seq`.
+    In(u64),
+    /// An eager send whose message was renumbered, waiting for a CTS entry with its tag.
+    Held,
 }
 
 /// Sender side of one connection.
 #[derive(Debug)]
 pub struct SendSide {
     layout: Layout,
+    /// The message the next send joins.
     next_seq: u64,
     slots: Vec<Option<SendSlot>>,
+    requests: Vec<Request>,
+    free_requests: Vec<usize>,
+    /// Eager messages whose answer has not been read, oldest first.
+    awaiting: VecDeque<u64>,
+    /// Eager sends a renumbering took back, in sending order, for the next CTS entries.
+    held: VecDeque<(usize, SendBuf)>,
+    /// The eager path is negotiated and no renumbering switched it off.
+    eager: bool,
+    /// The tag of the last single receive whose CTS arrived: only a send with this tag goes
+    /// eager. A connection's first message, and a send for another tag, wait for their CTS as
+    /// with NCCL's own transport (a tag nobody receives stays a NULL request, and a guess that
+    /// would renumber the messages is not made).
+    expected_tag: Option<i32>,
+    /// Per slot, completions of eager writes whose message went on by rendezvous or was
+    /// renumbered before the sender's own completion arrived.
+    strays: Vec<u32>,
     /// The vector the next [`Accepted::posts`] is built in, handed back by [`Self::recycle`]
     /// so that sending allocates nothing once it has grown to a message's posts.
     spare_posts: Vec<Post>,
@@ -465,6 +791,13 @@ impl SendSide {
             layout,
             next_seq: 0,
             slots: vec![None; SLOTS],
+            requests: vec![Request::Free; SEND_REQUESTS],
+            free_requests: (0..SEND_REQUESTS).rev().collect(),
+            awaiting: VecDeque::with_capacity(SLOTS),
+            held: VecDeque::with_capacity(SLOTS),
+            eager: layout.eager_bytes > 0,
+            expected_tag: None,
+            strays: vec![0; SLOTS],
             spare_posts: Vec::new(),
         }
     }
@@ -474,81 +807,278 @@ impl SendSide {
         self.layout
     }
 
+    /// Whether the eager path is still in use on this connection.
+    pub fn eager_active(&self) -> bool {
+        self.eager
+    }
+
     /// Give back the posts of an [`Accepted`] once they were posted, for the next message.
     pub fn recycle(&mut self, posts: Vec<Post>) {
         self.spare_posts = posts;
     }
 
-    /// `Some((seq, slot))` when the next message's CTS has not been captured yet and its slot is
-    /// free: the glue should look at that ring slot.
+    /// `Some((seq, slot))`: the glue should read that CTS ring slot and, once its entries
+    /// carry `seq + 1`, pass them to [`Self::handle_cts`]. The oldest eager message's answer
+    /// comes first; otherwise the next message's CTS, when its slot is free.
     pub fn wants_cts(&self) -> Option<(u64, usize)> {
+        if let Some(&seq) = self.awaiting.front() {
+            return Some((seq, slot_of(seq)));
+        }
         let slot = slot_of(self.next_seq);
         self.slots[slot].is_none().then_some((self.next_seq, slot))
     }
 
-    /// Capture the CTS entries of the next message (all `nreqs` of them, each carrying
-    /// `seq + 1`, as read from the ring).
+    /// Take the entries the glue read for [`Self::wants_cts`]'s message (all `nreqs` of them,
+    /// or the one acknowledgement of an eager message). Returns posts to make now: a refused
+    /// eager message written again by rendezvous, or held sends that completed a message.
+    /// `Ok(None)`: the entries are the plain CTS of a message sent eagerly, not its answer yet;
+    /// read the slot again later.
     ///
     /// # Errors
     /// `Remote` when the entries are inconsistent (the receiver broke the protocol).
-    pub fn handle_cts(&mut self, entries: Group<Cts>) -> Result<()> {
-        let seq = self.next_seq;
-        let n = entries.len();
-        let consistent = (1..=MAX_RECVS).contains(&n)
-            && entries
-                .iter()
-                .all(|e| e.seq_plus_one == seq + 1 && e.nreqs as usize == n);
-        if !consistent {
-            return Err(Error::new(
-                Kind::Remote,
-                format!("inconsistent CTS for message {seq}"),
-            ));
+    pub fn handle_cts(&mut self, mut entries: Group<Cts>) -> Result<Option<Vec<Post>>> {
+        if let Some(&seq) = self.awaiting.front() {
+            return self.answer(seq, entries);
         }
+        let seq = self.next_seq;
+        let refusing = strip_refusal(&mut entries);
+        check_cts(seq, &entries)?;
+        if entries.len() > 1 {
+            // A grouped receive: the receiver stops taking eager messages too.
+            self.eager = false;
+        }
+        // Only a receive that would take a copy predicts the next message's.
+        self.expected_tag = (entries.len() == 1 && !refusing).then(|| entries[0].tag);
         self.slots[slot_of(seq)] = Some(SendSlot {
             seq,
-            cts: entries,
-            matched: [None; MAX_RECVS],
-            tested: [false; MAX_RECVS],
-            pending: 0,
-            posted: false,
+            state: SlotState::Rendezvous(Rendezvous::new(entries)),
         });
-        Ok(())
+        Ok(Some(self.match_held()))
     }
 
-    /// Match `buf` to the next message's first unmatched entry with the same tag (entries with
-    /// equal tags fill in posting order). `Ok(None)`: the CTS has not arrived yet, or no
-    /// unmatched entry of that message carries this tag; NCCL retries later, as with its own
+    /// The receiver's answer to eager message `seq`: an acknowledgement (it copied the message),
+    /// or the CTS of its receive: one that promises the copy, one that refuses it (the message
+    /// goes again by rendezvous), or one for another shape or tag (renumbering).
+    fn answer(&mut self, seq: u64, mut entries: Group<Cts>) -> Result<Option<Vec<Post>>> {
+        let slot = slot_of(seq);
+        let Some(SendSlot {
+            state: SlotState::Eager { req, buf, sent, .. },
+            ..
+        }) = self.slots[slot]
+        else {
+            return Err(Error::misuse(format!("no eager message {seq} in its slot")));
+        };
+        let first = entries.first().copied().unwrap_or_default();
+        let delivered = if first.nreqs == 0 && entries.len() == 1 && first.seq_plus_one == seq + 1 {
+            Some(first.size)
+        } else {
+            let refusing = strip_refusal(&mut entries);
+            check_cts(seq, &entries)?;
+            let same = entries.len() == 1 && entries[0].tag == buf.tag;
+            if !same {
+                return Ok(Some(self.renumber(seq, entries)));
+            }
+            // The same message either way: copied on arrival as promised, or written again by
+            // rendezvous into the buffer (in GPU memory) from the one NCCL still holds for us.
+            (!refusing).then(|| buf.size.min(entries[0].size))
+        };
+        self.awaiting.pop_front();
+        if let Some(size) = delivered {
+            if size > buf.size {
+                return Err(Error::new(
+                    Kind::Remote,
+                    format!(
+                        "acknowledged {size} bytes of eager message {seq} of {} bytes",
+                        buf.size
+                    ),
+                ));
+            }
+            self.slots[slot] = Some(SendSlot {
+                seq,
+                state: SlotState::Eager {
+                    req,
+                    buf,
+                    delivered: Some(size),
+                    sent,
+                },
+            });
+            return Ok(Some(Vec::new()));
+        }
+        self.expected_tag = None;
+        self.strays[slot] += u32::from(!sent);
+        let mut rendezvous = Rendezvous::new(entries);
+        rendezvous.take(buf, req);
+        self.slots[slot] = Some(SendSlot {
+            seq,
+            state: SlotState::Rendezvous(rendezvous),
+        });
+        Ok(Some(self.layout_posts(slot)))
+    }
+
+    /// The receive of message `seq` is grouped or waits for another tag: the messages from `seq`
+    /// on are numbered differently than the eager sends assumed. Take every eager send back and
+    /// match them, in order, to the receiver's entries; the receiver drops their copies.
+    fn renumber(&mut self, seq: u64, entries: Group<Cts>) -> Vec<Post> {
+        self.eager = false;
+        for s in self.awaiting.drain(..) {
+            let slot = slot_of(s);
+            if let Some(SendSlot {
+                state: SlotState::Eager { req, buf, sent, .. },
+                ..
+            }) = self.slots[slot].take()
+            {
+                self.strays[slot] += u32::from(!sent);
+                self.requests[req] = Request::Held;
+                self.held.push_back((req, buf));
+            }
+        }
+        self.next_seq = seq;
+        self.slots[slot_of(seq)] = Some(SendSlot {
+            seq,
+            state: SlotState::Rendezvous(Rendezvous::new(entries)),
+        });
+        self.match_held()
+    }
+
+    /// Match held sends, oldest first, to the next message's CTS entries; its posts once every
+    /// entry is matched.
+    fn match_held(&mut self) -> Vec<Post> {
+        let seq = self.next_seq;
+        let slot = slot_of(seq);
+        let Some(SendSlot {
+            state: SlotState::Rendezvous(rendezvous),
+            ..
+        }) = self.slots[slot].as_mut()
+        else {
+            return Vec::new();
+        };
+        let mut k = 0;
+        while k < self.held.len() {
+            let (req, buf) = self.held[k];
+            if rendezvous.take(buf, req).is_some() {
+                self.requests[req] = Request::In(seq);
+                self.held.remove(k);
+            } else {
+                k += 1;
+            }
+        }
+        if !rendezvous.all_matched() {
+            return Vec::new();
+        }
+        self.next_seq += 1;
+        self.layout_posts(slot)
+    }
+
+    /// Accept `buf` for the next message: matched to the first unmatched entry of its CTS
+    /// with the same tag (entries with equal tags fill in posting order), or sent eagerly when
+    /// its CTS has not arrived and the eager path may take it. `Ok(None)`: neither is possible
+    /// yet (no CTS, or no unmatched entry with this tag); NCCL retries later, as with its own
     /// transport (`ncclIbIsend` returns a NULL request after the tag loop, net_ib/p2p.cc).
+    ///
+    /// The glue reads the ring for [`Self::wants_cts`] first, so "no CTS" means it had not
+    /// arrived at that moment.
     ///
     /// # Errors
     /// `Misuse` when `buf` is larger than [`MAX_MESSAGE_BYTES`].
     pub fn isend(&mut self, buf: SendBuf) -> Result<Option<Accepted>> {
         check_message_size(buf.size, "a send")?;
-        Ok(self.match_send(buf))
+        if self.held.iter().any(|(_, h)| h.tag == buf.tag) {
+            // An earlier send with this tag is still unmatched: this one must not overtake it.
+            return Ok(None);
+        }
+        let slot = slot_of(self.next_seq);
+        match self.slots[slot] {
+            Some(SendSlot {
+                seq,
+                state: SlotState::Rendezvous(r),
+            }) if seq == self.next_seq && !r.posted => Ok(self.match_send(buf)),
+            None if self.awaiting.len() < SLOTS && self.eager_fits(&buf) => {
+                Ok(self.send_eager(buf))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn eager_fits(&self, buf: &SendBuf) -> bool {
+        self.eager
+            && buf.host
+            && buf.size <= self.layout.eager_bytes
+            && self.expected_tag == Some(buf.tag)
+            && self.held.is_empty()
+    }
+
+    fn take_request(&mut self, seq: u64) -> Option<usize> {
+        let req = self.free_requests.pop()?;
+        self.requests[req] = Request::In(seq);
+        Some(req)
+    }
+
+    fn send_eager(&mut self, buf: SendBuf) -> Option<Accepted> {
+        let seq = self.next_seq;
+        let slot = slot_of(seq);
+        let req = self.take_request(seq)?;
+        self.slots[slot] = Some(SendSlot {
+            seq,
+            state: SlotState::Eager {
+                req,
+                buf,
+                delivered: None,
+                sent: false,
+            },
+        });
+        self.awaiting.push_back(seq);
+        self.next_seq += 1;
+        let qp = self.layout.qps_for(seq, buf.size).start;
+        let mut posts = std::mem::take(&mut self.spare_posts);
+        posts.clear();
+        posts.push(Post::Eager {
+            qp,
+            slot,
+            seq,
+            tag: buf.tag,
+            local_addr: buf.addr,
+            lkey: buf.lkeys[self.layout.local_member(qp)],
+            len: buf.size,
+            imm: eager::imm(seq, buf.size),
+        });
+        Some(Accepted {
+            req,
+            entry: 0,
+            truncated: None,
+            posts,
+        })
     }
 
     fn match_send(&mut self, buf: SendBuf) -> Option<Accepted> {
         let seq = self.next_seq;
-        let slot_index = slot_of(seq);
-        let slot = self.slots[slot_index]
-            .as_mut()
-            .filter(|s| s.seq == seq && !s.posted)?;
-        let entry = (0..slot.cts.len())
-            .find(|&i| slot.matched[i].is_none() && slot.cts[i].tag == buf.tag)?;
-        let capacity = slot.cts[entry].size;
-        let truncated = (buf.size > capacity).then_some((buf.size, capacity));
-        slot.matched[entry] = Some(SendBuf {
-            size: buf.size.min(capacity),
-            ..buf
-        });
+        let slot = slot_of(seq);
+        let Some(SendSlot {
+            state: SlotState::Rendezvous(rendezvous),
+            ..
+        }) = self.slots[slot].as_mut()
+        else {
+            return None;
+        };
+        // Peek first: a request is taken only for a send that matches.
+        (0..rendezvous.cts.len())
+            .find(|&i| rendezvous.matched[i].is_none() && rendezvous.cts[i].tag == buf.tag)?;
+        let req = self.take_request(seq)?;
+        let Some(SendSlot {
+            state: SlotState::Rendezvous(rendezvous),
+            ..
+        }) = self.slots[slot].as_mut()
+        else {
+            return None;
+        };
+        let (entry, truncated) = rendezvous.take(buf, req)?;
         let mut accepted = Accepted {
-            slot: slot_index,
+            req,
             entry,
             truncated,
             posts: Vec::new(),
         };
-        if slot.all_matched() {
-            accepted.posts = self.layout_posts(slot_index);
+        if rendezvous.all_matched() {
+            accepted.posts = self.layout_posts(slot);
             self.next_seq += 1;
         }
         Some(accepted)
@@ -556,15 +1086,19 @@ impl SendSide {
 
     fn layout_posts(&mut self, slot_index: usize) -> Vec<Post> {
         let layout = self.layout;
-        let Some(slot) = self.slots[slot_index].as_mut() else {
+        let Some(SendSlot {
+            seq,
+            state: SlotState::Rendezvous(slot),
+        }) = self.slots[slot_index].as_mut()
+        else {
             return Vec::new();
         };
         let capacity = capacity(slot.cts.iter().map(|c| c.size));
-        let qps = layout.qps_for(slot.seq, capacity);
+        let qps = layout.qps_for(*seq, capacity);
         let used = qps.len();
         let n = slot.cts.len();
-        let bufs: Group<SendBuf> = slot.matched.iter().flatten().copied().collect();
-        let ringed = uses_sizes_ring(n, capacity);
+        let bufs: Group<SendBuf> = slot.matched.iter().flatten().map(|(b, _)| *b).collect();
+        let ringed = layout.uses_sizes_ring(n, capacity);
         let mut posts = std::mem::take(&mut self.spare_posts);
         posts.clear();
         for (pos, qp) in qps.enumerate() {
@@ -614,42 +1148,120 @@ impl SendSide {
         posts
     }
 
-    /// Account for the signaled write-with-immediate of `slot` completing on one QP.
+    /// Account for a signaled write of `slot` completing on one QP.
     ///
     /// # Errors
     /// `Misuse` for a slot with nothing in flight (a stray completion).
     pub fn handle_completion(&mut self, slot: usize) -> Result<()> {
-        let s = self
-            .slots
-            .get_mut(slot)
-            .and_then(Option::as_mut)
-            .filter(|s| s.pending > 0);
-        let s = s.ok_or_else(|| Error::misuse(format!("send completion for idle slot {slot}")))?;
-        s.pending -= 1;
-        Ok(())
-    }
-
-    /// Bytes delivered by the send matched to `entry` of `slot`, once its message completed.
-    pub fn poll_done(&self, slot: usize, entry: usize) -> Option<u64> {
-        let s = self.slots.get(slot)?.as_ref()?;
-        if !s.posted || s.pending > 0 {
-            return None;
+        if let Some(strays) = self.strays.get_mut(slot).filter(|s| **s > 0) {
+            // Completions on a QP arrive in posting order: an eager write posted earlier in
+            // this slot completes before anything posted after it.
+            *strays -= 1;
+            return Ok(());
         }
-        s.matched.get(entry).copied().flatten().map(|b| b.size)
+        match self.slots.get_mut(slot).and_then(Option::as_mut) {
+            Some(SendSlot {
+                state: SlotState::Eager { sent, .. },
+                ..
+            }) if !*sent => {
+                *sent = true;
+                Ok(())
+            }
+            Some(SendSlot {
+                state: SlotState::Rendezvous(r),
+                ..
+            }) if r.pending > 0 => {
+                r.pending -= 1;
+                Ok(())
+            }
+            _ => Err(Error::misuse(format!(
+                "send completion for idle slot {slot}"
+            ))),
+        }
     }
 
-    /// NCCL saw `entry` of `slot` done; the slot is freed when all its entries were.
-    pub fn release(&mut self, slot: usize, entry: usize) {
-        let Some(s) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+    fn slot_of_request(&self, req: usize) -> Option<(usize, &SendSlot)> {
+        let Request::In(seq) = *self.requests.get(req)? else {
+            return None;
+        };
+        let slot = slot_of(seq);
+        let s = self.slots[slot].as_ref().filter(|s| s.seq == seq)?;
+        Some((slot, s))
+    }
+
+    /// Bytes delivered by request `req`, once its message completed (an eager one once the
+    /// receiver acknowledged it).
+    pub fn poll_done(&self, req: usize) -> Option<u64> {
+        let (_, s) = self.slot_of_request(req)?;
+        match s.state {
+            SlotState::Eager {
+                delivered, sent, ..
+            } => delivered.filter(|_| sent),
+            SlotState::Rendezvous(r) if r.posted && r.pending == 0 => r
+                .matched
+                .iter()
+                .flatten()
+                .find(|(_, q)| *q == req)
+                .map(|(b, _)| b.size),
+            SlotState::Rendezvous(_) => None,
+        }
+    }
+
+    /// NCCL saw request `req` done; a message's slot is freed when all its requests were.
+    pub fn release(&mut self, req: usize) {
+        let Some((slot, s)) = self.slot_of_request(req) else {
             return;
         };
-        if let Some(t) = s.tested.get_mut(entry) {
-            *t = true;
-        }
-        if s.tested[..s.cts.len()].iter().all(|&t| t) {
-            self.slots[slot] = None;
-        }
+        let mut state = s.state;
+        let free = match &mut state {
+            SlotState::Eager { .. } => true,
+            SlotState::Rendezvous(r) => {
+                let n = r.cts.len();
+                if let Some(e) = r.matched[..n]
+                    .iter()
+                    .position(|m| m.is_some_and(|(_, q)| q == req))
+                {
+                    r.tested[e] = true;
+                }
+                r.tested[..n].iter().all(|&t| t)
+            }
+        };
+        self.slots[slot] = if free {
+            None
+        } else {
+            self.slots[slot].map(|s| SendSlot { state, ..s })
+        };
+        self.requests[req] = Request::Free;
+        self.free_requests.push(req);
     }
+}
+
+/// Clear the refusal flag of `entries`; whether it was set.
+fn strip_refusal(entries: &mut [Cts]) -> bool {
+    let refusing = entries
+        .first()
+        .is_some_and(|e| e.nreqs & eager::REFUSED != 0);
+    for e in entries {
+        e.nreqs &= !eager::REFUSED;
+    }
+    refusing
+}
+
+/// Check that `entries` are the whole CTS of message `seq`: 1..=MAX_RECVS entries, each
+/// carrying `seq + 1` and the entry count.
+fn check_cts(seq: u64, entries: &[Cts]) -> Result<()> {
+    let n = entries.len();
+    let consistent = (1..=MAX_RECVS).contains(&n)
+        && entries
+            .iter()
+            .all(|e| e.seq_plus_one == seq + 1 && e.nreqs as usize == n);
+    if consistent {
+        return Ok(());
+    }
+    Err(Error::new(
+        Kind::Remote,
+        format!("inconsistent CTS for message {seq}"),
+    ))
 }
 
 #[cfg(test)]

@@ -30,6 +30,8 @@ struct Pair {
     rng: Rng,
     /// Writes seen per QP, to check striping.
     writes_per_qp: Vec<usize>,
+    /// The receiver's bounce ring: per slot its header and its payload.
+    bounce: Vec<(EagerHeader, Vec<u8>)>,
 }
 
 /// Keys of member `m`: the simulation checks every write uses the pair its QP connects.
@@ -45,6 +47,26 @@ impl Pair {
         Self::fused(nqps, split, 1, 1)
     }
 
+    /// A one-QP connection that agreed on eager messages of up to `eager_bytes` and carried one
+    /// message for `tag` (eager sends follow the tag of the last receive).
+    fn eager(eager_bytes: u64, tag: i32) -> Self {
+        let mut p = Self::new(1, false);
+        let layout = Layout {
+            eager_bytes,
+            ..p.send.layout()
+        };
+        p.send = SendSide::new(layout);
+        p.recv = RecvSide::new(layout);
+        let slot = p.irecv(&[rbuf(WARM_UP_AT, 8, tag)]).unwrap();
+        let a = p.isend(sbuf(0, 8, tag)).unwrap().unwrap();
+        p.deliver_all();
+        assert_eq!(p.received(slot), Some(vec![8]));
+        assert_eq!(p.sent(a.req), Some(8));
+        p.send.release(a.req);
+        p.recv.release(slot);
+        p
+    }
+
     /// A sender with `send_members` ports against a receiver with `recv_members`.
     fn fused(nqps: usize, split: bool, send_members: usize, recv_members: usize) -> Self {
         let layout = Layout {
@@ -52,6 +74,7 @@ impl Pair {
             split,
             local_members: send_members,
             remote_members: recv_members,
+            eager_bytes: 0,
         };
         let mirrored = Layout {
             local_members: recv_members,
@@ -69,37 +92,73 @@ impl Pair {
             wire: vec![VecDeque::new(); nqps],
             rng: Rng(0x2545_f491_4f6c_dd1d),
             writes_per_qp: vec![0; nqps],
+            bounce: vec![(EagerHeader { seq: 0, tag: 0 }, Vec::new()); SLOTS],
         }
     }
 
+    /// What the receiver's glue does: post, copy an eager message that arrived, answer.
     fn irecv(&mut self, bufs: &[RecvBuf]) -> Option<usize> {
         let (_, cts) = self.recv.irecv(bufs).unwrap()?;
-        for (i, e) in cts.entries.iter().enumerate() {
-            self.ring[cts.slot * MAX_RECVS + i] = Some(*e);
-        }
+        assert_eq!(cts.recvs.is_empty(), cts.copy.is_some());
+        self.answer(&cts);
         Some(cts.slot)
     }
 
-    /// What the sender's glue does: capture the CTS if it arrived, then `isend`.
+    /// Copy an eager message out of the bounce ring, then write the entries into the ring.
+    fn answer(&mut self, cts: &CtsPost) {
+        if let Some(c) = cts.copy {
+            self.copy_eager(c);
+        }
+        for (i, e) in cts.entries.iter().enumerate() {
+            self.ring[cts.slot * MAX_RECVS + i] = Some(*e);
+        }
+    }
+
+    fn copy_eager(&mut self, c: EagerCopy) {
+        let (at, len) = (c.addr as usize, c.len as usize);
+        let payload = &self.bounce[c.bounce_slot].1;
+        self.recv_mem[at..at + len].copy_from_slice(&payload[..len]);
+    }
+
+    /// What the sender's glue does: take what arrived in the CTS ring, then `isend`.
     fn isend(&mut self, buf: SendBuf) -> Result<Option<Accepted>> {
-        if let Some((seq, slot)) = self.send.wants_cts() {
+        self.read_answers()?;
+        let accepted = self.send.isend(buf)?;
+        if let Some(a) = &accepted {
+            self.queue(&a.posts);
+        }
+        Ok(accepted)
+    }
+
+    fn queue(&mut self, posts: &[Post]) {
+        for p in posts {
+            self.wire[p.qp()].push_back(*p);
+        }
+    }
+
+    /// Read the CTS ring as the glue does, in the order the sender asks for.
+    fn read_answers(&mut self) -> Result<()> {
+        while let Some((seq, slot)) = self.send.wants_cts() {
             let first = self.ring[slot * MAX_RECVS].filter(|c| c.seq_plus_one == seq + 1);
-            let Some(first) = first else { return Ok(None) };
-            let n = first.nreqs as usize;
+            let Some(first) = first else { return Ok(()) };
+            let n = ((first.nreqs & !eager::REFUSED) as usize).max(1);
             let entries: Group<Cts> = self.ring[slot * MAX_RECVS..slot * MAX_RECVS + n]
                 .iter()
                 .flatten()
                 .copied()
                 .collect();
-            self.send.handle_cts(entries)?;
+            let Some(posts) = self.send.handle_cts(entries)? else {
+                return Ok(());
+            };
+            self.queue(&posts);
         }
-        let accepted = self.send.isend(buf)?;
-        if let Some(a) = &accepted {
-            for p in &a.posts {
-                self.wire[p.qp()].push_back(*p);
-            }
-        }
-        Ok(accepted)
+        Ok(())
+    }
+
+    /// What `test` on a send request reports.
+    fn sent(&mut self, req: usize) -> Option<u64> {
+        self.read_answers().unwrap();
+        self.send.poll_done(req)
     }
 
     fn copy(&mut self, w: &RdmaWrite) {
@@ -141,6 +200,28 @@ impl Pair {
                     self.recv.handle_completion(write.qp, imm).unwrap();
                     self.send.handle_completion(slot).unwrap();
                 }
+                Post::Eager {
+                    slot,
+                    seq,
+                    tag,
+                    local_addr,
+                    len,
+                    imm,
+                    ..
+                } => {
+                    let (at, n) = (local_addr as usize, len as usize);
+                    self.bounce[slot] = (
+                        EagerHeader { seq, tag },
+                        self.sender_mem[at..at + n].to_vec(),
+                    );
+                    let a = self.recv.announced(imm).expect("an eager immediate");
+                    assert_eq!(a.slot(SLOTS), slot);
+                    let header = self.bounce[a.slot(SLOTS)].0;
+                    if let Arrived::Copied(c) = self.recv.eager_arrived(a, header).unwrap() {
+                        self.copy_eager(c);
+                    }
+                    self.send.handle_completion(slot).unwrap();
+                }
             }
         }
     }
@@ -162,6 +243,7 @@ fn rbuf(addr: u64, size: u64, tag: i32) -> RecvBuf {
         size,
         rkeys: std::array::from_fn(rkey_of),
         tag,
+        host: true,
     }
 }
 fn sbuf(addr: u64, size: u64, tag: i32) -> SendBuf {
@@ -170,6 +252,7 @@ fn sbuf(addr: u64, size: u64, tag: i32) -> SendBuf {
         size,
         lkeys: std::array::from_fn(lkey_of),
         tag,
+        host: true,
     }
 }
 
@@ -178,19 +261,16 @@ fn transfer(nqps: usize, split: bool, size: u64) {
     let dst = 4096;
     let slot = p.irecv(&[rbuf(dst, size, 1)]).unwrap();
     let a = p.isend(sbuf(100, size, 1)).unwrap().unwrap();
-    assert_eq!((a.slot, a.entry, a.truncated), (slot, 0, None));
-    assert_eq!(
-        p.send.poll_done(a.slot, 0),
-        None,
-        "not done before delivery"
-    );
+    assert_eq!((a.entry, a.truncated), (0, None));
+    assert_eq!(slot, 0);
+    assert_eq!(p.send.poll_done(a.req), None, "not done before delivery");
     p.deliver_all();
     assert_eq!(
         p.received(slot),
         Some(vec![size]),
         "nqps={nqps} split={split} size={size}"
     );
-    assert_eq!(p.send.poll_done(a.slot, 0), Some(size));
+    assert_eq!(p.send.poll_done(a.req), Some(size));
     let (d, s) = (dst as usize, size as usize);
     assert_eq!(
         &p.recv_mem[d..d + s],
@@ -226,7 +306,7 @@ fn oversized_send_is_truncated_to_the_posted_size() {
     assert_eq!(a.truncated, Some((1000, 600)));
     p.deliver_all();
     assert_eq!(p.received(slot), Some(vec![600]));
-    assert_eq!(p.send.poll_done(a.slot, 0), Some(600));
+    assert_eq!(p.send.poll_done(a.req), Some(600));
     assert_eq!(&p.recv_mem[1000..1600], &p.sender_mem[0..600]);
     assert!(
         p.recv_mem[1600..1700].iter().all(|&b| b == 0xee),
@@ -266,7 +346,7 @@ fn grouped_receive_matches_sends_by_tag_in_any_order() {
             100 * (tag as usize + 1),
         );
         assert_eq!(&p.recv_mem[dst..dst + len], &p.sender_mem[src..src + len]);
-        assert_eq!(p.send.poll_done(a.slot, a.entry), Some(len as u64));
+        assert_eq!(p.send.poll_done(a.req), Some(len as u64));
     }
 }
 
@@ -354,8 +434,8 @@ fn thirty_two_receives_in_flight_then_slots_recycle() {
     for (slot, a) in slots.iter().zip(&sends) {
         assert_eq!(p.received(*slot), Some(vec![64]));
         p.recv.release(*slot);
-        assert_eq!(p.send.poll_done(a.slot, 0), Some(64));
-        p.send.release(a.slot, 0);
+        assert_eq!(p.send.poll_done(a.req), Some(64));
+        p.send.release(a.req);
     }
     assert_eq!(p.recv.in_flight(), 0);
     for round in 0..3 * SLOTS {
@@ -365,7 +445,7 @@ fn thirty_two_receives_in_flight_then_slots_recycle() {
         assert_eq!(p.received(slot), Some(vec![16]));
         assert_eq!(p.recv_mem[0], p.sender_mem[round]);
         p.recv.release(slot);
-        p.send.release(a.slot, 0);
+        p.send.release(a.req);
     }
 }
 
@@ -382,7 +462,7 @@ fn sender_waits_for_its_own_completion_before_reusing_a_slot() {
         let b = p.isend(sbuf(0, 8, 0)).unwrap().unwrap();
         p.deliver_all();
         p.recv.release(s);
-        p.send.release(b.slot, 0);
+        p.send.release(b.req);
     }
     p.irecv(&[rbuf(0, 8, 0)]).unwrap();
     assert_eq!(
@@ -390,7 +470,7 @@ fn sender_waits_for_its_own_completion_before_reusing_a_slot() {
         None,
         "slot 0 still owned by an untested send"
     );
-    p.send.release(a.slot, 0);
+    p.send.release(a.req);
     assert!(p.isend(sbuf(0, 8, 0)).unwrap().is_some());
 }
 
@@ -444,6 +524,7 @@ fn fused_layouts_stripe_large_messages_and_rotate_small_ones() {
         split: false,
         local_members: 2,
         remote_members: 2,
+        eager_bytes: 0,
     };
     let big: Vec<_> = (0..4).map(|s| two.qps_for(s, STRIPE_MIN_BYTES)).collect();
     assert_eq!(
@@ -458,6 +539,7 @@ fn fused_layouts_stripe_large_messages_and_rotate_small_ones() {
         split: false,
         local_members: 1,
         remote_members: 2,
+        eager_bytes: 0,
     };
     assert_eq!((asym.local_member(1), asym.remote_member(1)), (0, 1));
 }
@@ -477,7 +559,7 @@ fn fused_transfers_use_every_member_with_its_own_keys() {
                 let r = round as usize;
                 assert_eq!(&p.recv_mem[d..d + s], &p.sender_mem[r..r + s], "{size}");
                 p.recv.release(slot);
-                p.send.release(a.slot, 0);
+                p.send.release(a.req);
             }
             assert!(
                 p.writes_per_qp.iter().all(|&w| w > 0),
@@ -504,7 +586,9 @@ fn a_message_just_over_2_gib_goes_as_1_gib_writes_with_the_size_in_the_immediate
         .iter()
         .map(|p| match p {
             Post::Write(w) | Post::WriteImm { write: w, .. } => w.len,
-            Post::Sizes { .. } => panic!("a capacity below 4 GiB needs no sizes ring"),
+            Post::Sizes { .. } | Post::Eager { .. } => {
+                panic!("a capacity below 4 GiB needs no sizes ring")
+            }
         })
         .collect();
     assert_eq!(lens, [1 << 30, 1 << 30, 1]);
@@ -570,11 +654,398 @@ fn recycled_posts_vector_is_reused_by_the_next_message() {
         p.send.recycle(a.posts);
         p.deliver_all();
         assert_eq!(p.received(slot), Some(vec![8]));
-        p.send.release(a.slot, 0);
+        p.send.release(a.req);
         p.recv.release(slot);
     }
     assert!(
         vectors[1..].iter().all(|&v| v == vectors[0]),
         "every message reused the first message's vector"
     );
+}
+
+// The eager path (see `core::eager`): every scenario below runs on a one-QP connection that
+// agreed on eager messages of up to 4096 bytes.
+
+const EAGER: u64 = 4096;
+
+/// Where the warm-up message of `Pair::eager` lands, away from every test's buffers.
+const WARM_UP_AT: u64 = MEM as u64 - 64;
+
+#[test]
+fn the_first_message_and_sends_for_another_tag_wait_for_their_cts() {
+    let mut p = Pair::new(1, false);
+    let layout = Layout {
+        eager_bytes: EAGER,
+        ..p.send.layout()
+    };
+    p.send = SendSide::new(layout);
+    p.recv = RecvSide::new(layout);
+    assert_eq!(p.isend(sbuf(0, 8, 1)).unwrap(), None, "no receive seen yet");
+    let slot = p.irecv(&[rbuf(8192, 8, 1)]).unwrap();
+    let a = p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
+    assert!(!is_eager(&a));
+    p.deliver_all();
+    assert_eq!(p.received(slot), Some(vec![8]));
+    assert_eq!(
+        p.isend(sbuf(0, 8, 2)).unwrap(),
+        None,
+        "the last receive was for tag 1"
+    );
+    assert!(is_eager(&p.isend(sbuf(0, 8, 1)).unwrap().unwrap()));
+}
+
+fn assert_delivered(p: &Pair, dst: u64, src: u64, len: u64) {
+    let (d, s, n) = (dst as usize, src as usize, len as usize);
+    assert_eq!(
+        &p.recv_mem[d..d + n],
+        &p.sender_mem[s..s + n],
+        "payload at {dst}"
+    );
+    assert_eq!(
+        p.recv_mem[d + n],
+        0xee,
+        "nothing written past the message at {dst}"
+    );
+}
+
+fn is_eager(a: &Accepted) -> bool {
+    matches!(a.posts[..], [Post::Eager { .. }])
+}
+
+#[test]
+fn an_eager_message_sent_before_its_receive_is_copied_at_irecv_and_acknowledged() {
+    for size in [0, 1, 8, 127, EAGER - 1, EAGER] {
+        let mut p = Pair::eager(EAGER, 1);
+        let a = p
+            .isend(sbuf(100, size, 1))
+            .unwrap()
+            .expect("sent without a CTS");
+        assert!(is_eager(&a), "{size}: {:?}", a.posts);
+        p.deliver_all();
+        assert_eq!(p.sent(a.req), None, "done only once acknowledged");
+        let slot = p.irecv(&[rbuf(8192, 2 * EAGER, 1)]).unwrap();
+        assert_eq!(p.received(slot), Some(vec![size]), "complete at irecv");
+        assert_delivered(&p, 8192, 100, size);
+        assert_eq!(p.sent(a.req), Some(size));
+        assert!(p.send.eager_active() && p.recv.eager_active());
+    }
+}
+
+#[test]
+fn messages_over_the_threshold_and_gpu_buffers_wait_for_the_cts() {
+    let mut p = Pair::eager(EAGER, 1);
+    assert_eq!(p.isend(sbuf(0, EAGER + 1, 1)).unwrap(), None);
+    let gpu = SendBuf {
+        host: false,
+        ..sbuf(0, 8, 1)
+    };
+    assert_eq!(
+        p.isend(gpu).unwrap(),
+        None,
+        "a CUDA registration never goes eager"
+    );
+    let slot = p.irecv(&[rbuf(8192, 2 * EAGER, 1)]).unwrap();
+    let a = p.isend(sbuf(0, EAGER + 1, 1)).unwrap().unwrap();
+    assert!(!is_eager(&a));
+    p.deliver_all();
+    assert_eq!(p.received(slot), Some(vec![EAGER + 1]));
+    assert_delivered(&p, 8192, 0, EAGER + 1);
+}
+
+#[test]
+fn a_receive_posted_first_takes_the_rendezvous_path() {
+    let mut p = Pair::eager(EAGER, 1);
+    let slot = p.irecv(&[rbuf(8192, 64, 1)]).unwrap();
+    let a = p.isend(sbuf(10, 8, 1)).unwrap().unwrap();
+    assert!(
+        matches!(a.posts[..], [Post::WriteImm { .. }]),
+        "{:?}",
+        a.posts
+    );
+    p.deliver_all();
+    assert_eq!(p.received(slot), Some(vec![8]));
+    assert_eq!(p.sent(a.req), Some(8));
+    assert_delivered(&p, 8192, 10, 8);
+}
+
+/// The receive is posted first (its CTS goes out) and the eager message lands after it: the
+/// receiver copies it there and acknowledges; the sender needs no further call for the data to
+/// arrive (a ping-pong that waits only on its receive must not hang on its own send).
+#[test]
+fn an_eager_message_landing_after_its_receive_was_posted_is_copied_there() {
+    let mut p = Pair::eager(EAGER, 1);
+    let a = p.isend(sbuf(100, 300, 1)).unwrap().unwrap();
+    assert!(is_eager(&a));
+    let slot = p.irecv(&[rbuf(8192, 200, 1)]).unwrap();
+    p.deliver_all();
+    assert_eq!(
+        p.received(slot),
+        Some(vec![200]),
+        "copied, truncated to the buffer"
+    );
+    assert_delivered(&p, 8192, 100, 200);
+    assert_eq!(p.sent(a.req), Some(200));
+    assert!(p.send.eager_active() && p.recv.eager_active());
+    p.send.release(a.req);
+    p.recv.release(slot);
+    // The rendezvous receive the CTS posted is not left expecting a message.
+    let next = p.irecv(&[rbuf(16_384, 64, 1)]).unwrap();
+    let b = p.isend(sbuf(7, 64, 1)).unwrap().unwrap();
+    assert!(!is_eager(&b), "its CTS was there");
+    p.deliver_all();
+    assert_eq!(p.received(next), Some(vec![64]));
+    assert_delivered(&p, 16_384, 7, 64);
+}
+
+#[test]
+fn a_receive_in_gpu_memory_posted_first_refuses_the_message_when_it_lands() {
+    let mut p = Pair::eager(EAGER, 1);
+    let a = p.isend(sbuf(100, 64, 1)).unwrap().unwrap();
+    let gpu = RecvBuf {
+        host: false,
+        ..rbuf(8192, 64, 1)
+    };
+    let slot = p.irecv(&[gpu]).unwrap();
+    p.deliver_all();
+    assert_eq!(p.received(slot), None, "never copied into GPU memory");
+    assert_eq!(
+        p.sent(a.req),
+        None,
+        "the refusal made the sender write it again"
+    );
+    p.deliver_all();
+    assert_eq!(p.received(slot), Some(vec![64]));
+    assert_delivered(&p, 8192, 100, 64);
+    assert_eq!(p.sent(a.req), Some(64));
+    assert!(
+        p.send.eager_active() && p.recv.eager_active(),
+        "nothing renumbered"
+    );
+    p.send.release(a.req);
+    p.recv.release(slot);
+    assert_eq!(
+        p.isend(sbuf(0, 16, 1)).unwrap(),
+        None,
+        "a receive in GPU memory predicts no copy: the next send waits for its CTS"
+    );
+}
+
+#[test]
+fn a_receive_in_gpu_memory_refuses_the_copy_and_later_messages_wait_for_their_cts() {
+    let mut p = Pair::eager(EAGER, 1);
+    let a = p.isend(sbuf(100, 64, 1)).unwrap().unwrap();
+    let b = p.isend(sbuf(200, 32, 1)).unwrap().unwrap();
+    assert!(is_eager(&a) && is_eager(&b));
+    p.deliver_all();
+    let gpu = RecvBuf {
+        host: false,
+        ..rbuf(8192, 64, 1)
+    };
+    let slot = p.irecv(&[gpu]).unwrap();
+    assert_eq!(p.received(slot), None, "never copied into GPU memory");
+    assert_eq!(p.sent(a.req), None);
+    p.deliver_all();
+    assert_eq!(p.received(slot), Some(vec![64]));
+    assert_eq!(p.sent(a.req), Some(64));
+    assert_delivered(&p, 8192, 100, 64);
+    // The eager message already on its way keeps its number and is copied.
+    let second = p.irecv(&[rbuf(16_384, 64, 1)]).unwrap();
+    assert_eq!(p.received(second), Some(vec![32]));
+    assert_delivered(&p, 16_384, 200, 32);
+    assert_eq!(p.sent(b.req), Some(32));
+    p.send.release(a.req);
+    p.send.release(b.req);
+    assert_eq!(p.isend(sbuf(0, 16, 1)).unwrap(), None, "waits for its CTS");
+}
+
+#[test]
+fn a_grouped_receive_renumbers_the_eager_sends_and_stops_the_eager_path() {
+    let mut p = Pair::eager(EAGER, 0);
+    let a = p.isend(sbuf(0, 100, 0)).unwrap().unwrap();
+    let b = p.isend(sbuf(1000, 200, 0)).unwrap().unwrap();
+    assert!(is_eager(&a) && is_eager(&b));
+    p.deliver_all();
+    // One grouped receive takes both sends (NCCL's grouped p2p): not two messages.
+    let slot = p
+        .irecv(&[rbuf(10_000, 500, 0), rbuf(20_000, 500, 0)])
+        .unwrap();
+    assert!(
+        !p.recv.eager_active(),
+        "the receiver stops at the grouped CTS"
+    );
+    p.read_answers().unwrap();
+    assert!(!p.send.eager_active());
+    p.deliver_all();
+    assert_eq!(
+        p.received(slot),
+        Some(vec![100, 200]),
+        "equal tags fill in sending order"
+    );
+    assert_delivered(&p, 10_000, 0, 100);
+    assert_delivered(&p, 20_000, 1000, 200);
+    assert_eq!((p.sent(a.req), p.sent(b.req)), (Some(100), Some(200)));
+    p.send.release(a.req);
+    p.send.release(b.req);
+    p.recv.release(slot);
+    // The next message has the same number on both sides and goes by rendezvous.
+    assert_eq!(p.isend(sbuf(0, 8, 0)).unwrap(), None);
+    let next = p.irecv(&[rbuf(30_000, 8, 0)]).unwrap();
+    let c = p.isend(sbuf(5, 8, 0)).unwrap().unwrap();
+    assert!(!is_eager(&c));
+    p.deliver_all();
+    assert_eq!(p.received(next), Some(vec![8]));
+    assert_delivered(&p, 30_000, 5, 8);
+}
+
+#[test]
+fn a_receive_for_another_tag_renumbers_and_held_sends_keep_their_order() {
+    let mut p = Pair::eager(EAGER, 0);
+    let t0 = p.isend(sbuf(0, 10, 0)).unwrap().unwrap();
+    assert!(is_eager(&t0));
+    p.deliver_all();
+    // Message 0 is for tag 1, message 1 for tag 0 (as `ncclIbIsend` would match them).
+    let first = p.irecv(&[rbuf(10_000, 64, 1)]).unwrap();
+    let second = p.irecv(&[rbuf(20_000, 64, 0)]).unwrap();
+    assert!(!p.recv.eager_active());
+    assert_eq!(
+        p.isend(sbuf(50, 10, 0)).unwrap(),
+        None,
+        "a later tag-0 send waits behind the held one"
+    );
+    let t1 = p.isend(sbuf(100, 20, 1)).unwrap().unwrap();
+    p.read_answers().unwrap();
+    p.deliver_all();
+    assert_eq!(p.received(first), Some(vec![20]));
+    assert_eq!(p.received(second), Some(vec![10]));
+    assert_delivered(&p, 10_000, 100, 20);
+    assert_delivered(&p, 20_000, 0, 10);
+    assert_eq!((p.sent(t0.req), p.sent(t1.req)), (Some(10), Some(20)));
+}
+
+#[test]
+fn an_eager_message_landing_after_a_cts_for_another_tag_stops_the_receiver_too() {
+    let mut p = Pair::eager(EAGER, 0);
+    let t0 = p.isend(sbuf(0, 10, 0)).unwrap().unwrap();
+    let first = p.irecv(&[rbuf(10_000, 64, 1)]).unwrap();
+    assert!(p.recv.eager_active(), "the receiver cannot know yet");
+    p.deliver_all();
+    assert!(
+        !p.recv.eager_active(),
+        "the arrival names tag 0, the CTS asked for tag 1"
+    );
+    let t1 = p.isend(sbuf(100, 20, 1)).unwrap().unwrap();
+    assert!(!p.send.eager_active());
+    let second = p.irecv(&[rbuf(20_000, 64, 0)]).unwrap();
+    p.read_answers().unwrap();
+    p.deliver_all();
+    assert_eq!(p.received(first), Some(vec![20]));
+    assert_eq!(p.received(second), Some(vec![10]));
+    assert_delivered(&p, 10_000, 100, 20);
+    assert_delivered(&p, 20_000, 0, 10);
+    assert_eq!((p.sent(t0.req), p.sent(t1.req)), (Some(10), Some(20)));
+}
+
+#[test]
+fn credits_run_out_after_a_ring_of_unanswered_eager_messages() {
+    let mut p = Pair::eager(EAGER, 1);
+    let sends: Vec<Accepted> = (0..SLOTS as u64)
+        .map(|i| p.isend(sbuf(i * 8, 8, 1)).unwrap().unwrap())
+        .collect();
+    assert!(sends.iter().all(is_eager));
+    assert_eq!(
+        p.isend(sbuf(0, 8, 1)).unwrap(),
+        None,
+        "every bounce slot is taken"
+    );
+    p.deliver_all();
+    let slot = p.irecv(&[rbuf(8192, 8, 1)]).unwrap();
+    assert_eq!(p.received(slot), Some(vec![8]));
+    assert_eq!(
+        p.isend(sbuf(0, 8, 1)).unwrap(),
+        None,
+        "the slot is NCCL's until tested"
+    );
+    assert_eq!(p.sent(sends[0].req), Some(8));
+    p.send.release(sends[0].req);
+    let next = p.isend(sbuf(512, 8, 1)).unwrap().unwrap();
+    assert!(is_eager(&next), "the acknowledgement returned the credit");
+    for (i, a) in sends.iter().enumerate().skip(1) {
+        let s = p.irecv(&[rbuf(8192 + 64 * i as u64, 8, 1)]).unwrap();
+        assert_eq!(p.received(s), Some(vec![8]));
+        assert_delivered(&p, 8192 + 64 * i as u64, i as u64 * 8, 8);
+        assert_eq!(p.sent(a.req), Some(8));
+    }
+}
+
+/// Random interleavings of both paths: each message is posted receive-first or send-first,
+/// sized around the threshold, sent from host or GPU memory, with deliveries at random points
+/// (receives stay in host memory: one refusal ends the eager path, tested on its own). Every
+/// message must arrive byte-exact in its own buffer and both sides must report its size.
+#[test]
+fn eager_and_rendezvous_messages_mix_in_any_order() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for round in 0..40 {
+        let mut p = Pair::eager(EAGER, 3);
+        let count = 3 * SLOTS;
+        let mut sends = VecDeque::new();
+        let mut recvs = VecDeque::new();
+        let (mut sent, mut posted, mut eager) = (0, 0, 0);
+        let size_of = |i: usize| [0, 8, EAGER - 1, EAGER, EAGER + 1, 100][i % 6] + (i / 6) as u64;
+        let src = |i: usize| (i as u64 * 97) % 4096;
+        let dst = |i: usize| 16_384 + (i % SLOTS) as u64 * 8192;
+        while sent < count || posted < count || !sends.is_empty() || !recvs.is_empty() {
+            match rng.next() % 4 {
+                0 if sent < count && sends.len() < SLOTS => {
+                    let host = !rng.next().is_multiple_of(5);
+                    let buf = SendBuf {
+                        host,
+                        ..sbuf(src(sent), size_of(sent), 3)
+                    };
+                    if let Some(a) = p.isend(buf).unwrap() {
+                        eager += usize::from(is_eager(&a));
+                        sends.push_back((sent, a.req));
+                        sent += 1;
+                    }
+                }
+                // In odd rounds receives lag: message i's receive only after send i - 1.
+                1 if posted < count
+                    && recvs.len() < SLOTS / 2
+                    && (round % 2 == 0 || posted <= sent) =>
+                {
+                    if let Some(slot) = p.irecv(&[rbuf(dst(posted), 2 * EAGER, 3)]) {
+                        recvs.push_back((posted, slot));
+                        posted += 1;
+                    }
+                }
+                2 => p.deliver_all(),
+                _ => {
+                    if let Some(&(i, slot)) = recvs.front()
+                        && let Some(sizes) = p.received(slot)
+                    {
+                        assert_eq!(sizes, vec![size_of(i)], "round {round} message {i}");
+                        assert_delivered(&p, dst(i), src(i), size_of(i));
+                        let at = dst(i) as usize;
+                        p.recv_mem[at..at + 8192].fill(0xee);
+                        p.recv.release(slot);
+                        recvs.pop_front();
+                    }
+                    if let Some(&(i, req)) = sends.front()
+                        && let Some(size) = p.sent(req)
+                    {
+                        assert_eq!(size, size_of(i), "round {round} send {i}");
+                        p.send.release(req);
+                        sends.pop_front();
+                    }
+                }
+            }
+        }
+        assert!(
+            p.send.eager_active() && p.recv.eager_active(),
+            "single receives never stop it"
+        );
+        assert!(
+            round % 2 == 0 || eager > count / 8,
+            "round {round}: {eager} of {count} went eager"
+        );
+    }
 }

@@ -220,6 +220,10 @@ pub struct Hello {
     pub service_level: u8,
     /// Split-data mode chosen by the sender.
     pub split_data: bool,
+    /// The eager capability: the largest eager message this side takes part in (the sender's
+    /// offer; the receiver's answer is the agreed size). 0 = none; a peer that predates the
+    /// eager path leaves these bytes zero and ignores ours.
+    pub eager_bytes: u32,
 }
 
 const HELLO_QPNS_AT: usize = 40;
@@ -246,6 +250,7 @@ impl Hello {
         out[24] = self.traffic_class;
         out[25] = self.service_level;
         out[26] = self.role.code();
+        out[28..32].copy_from_slice(&self.eager_bytes.to_le_bytes());
         out[32..40].copy_from_slice(&self.connect_nonce.to_le_bytes());
         for (i, q) in self.qpns.iter().take(MAX_CONNECTION_QPS).enumerate() {
             let at = HELLO_QPNS_AT + 4 * i;
@@ -308,6 +313,7 @@ impl Hello {
             traffic_class: b[24],
             service_level: b[25],
             split_data: b[7] != 0,
+            eager_bytes: u32_at(b, 28),
         })
     }
 
@@ -493,6 +499,7 @@ mod tests {
             traffic_class: 106,
             service_level: 3,
             split_data: true,
+            eager_bytes: 4096,
         }
     }
 
@@ -512,6 +519,16 @@ mod tests {
             b[at] = value;
             assert!(Hello::parse(&b).is_err(), "byte {at} = {value}");
         }
+    }
+
+    #[test]
+    fn a_hello_without_the_eager_bytes_is_an_older_peer_without_eager_messages() {
+        let mut h = hello(Role::Connect, 0x100);
+        let mut b = h.emit();
+        assert_eq!(u32_at(&b, 28), 4096);
+        b[28..32].fill(0);
+        h.eager_bytes = 0;
+        assert_eq!(Hello::parse(&b).unwrap(), h);
     }
 
     #[test]

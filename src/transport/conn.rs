@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::watch::Watched;
 use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
+use crate::core::eager;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::{POSTS_PER_MESSAGE, SLOTS};
 use crate::core::wire::{Cts, Endpoint, Hello, MAX_RECVS, Role};
@@ -22,16 +23,32 @@ pub(super) const SIZES_SLOT_BYTES: usize = MAX_RECVS * 8;
 /// Bytes of the sizes ring.
 pub(super) const SIZES_RING_BYTES: usize = SLOTS * SIZES_SLOT_BYTES;
 
-/// Sender QPs: per message up to `POSTS_PER_MESSAGE` work requests on each QP.
+/// Bytes of the sender's staging region: a sizes slot and an eager header per message slot.
+pub(super) const STAGING_BYTES: usize = SIZES_RING_BYTES + SLOTS * eager::HEADER_BYTES;
+
+/// Sender QPs: per message up to `POSTS_PER_MESSAGE` work requests on each QP, plus the two
+/// of an eager message per slot whose completion may still be outstanding.
 pub(super) const SEND_QP_CAPS: QpCaps = QpCaps {
-    max_send_wr: (SLOTS * POSTS_PER_MESSAGE) as u32,
+    max_send_wr: (SLOTS * (POSTS_PER_MESSAGE + 2)) as u32,
     max_recv_wr: 1,
 };
-/// Receiver QPs: one receive per message in flight, CTS writes signaled every `CTS_SIGNAL_EVERY`.
+/// Receiver QPs: one receive per message in flight and one per eager message in flight, CTS
+/// writes signaled every `CTS_SIGNAL_EVERY`.
 pub(super) const RECV_QP_CAPS: QpCaps = QpCaps {
     max_send_wr: (2 * SLOTS) as u32,
-    max_recv_wr: SLOTS as u32,
+    max_recv_wr: (2 * SLOTS) as u32,
 };
+
+/// The eager message size of a connection of `nqps` QPs whose peer offered `offered` bytes:
+/// this side's `NCCL_NET_RS_EAGER_BYTES` capped by the offer, and 0 on connections of several
+/// QPs (the eager path relies on one ordered queue, see `core::eager`).
+pub(super) fn agreed_eager_bytes(config: &Config, nqps: usize, offered: u64) -> u64 {
+    if nqps == 1 {
+        config.eager_bytes.min(offered)
+    } else {
+        0
+    }
+}
 /// Bytes per work-queue entry in the pinned-memory estimate: the basic WQE stride of mlx5,
 /// whose queues live in user memory the kernel pins (rxe keeps its queues in kernel memory).
 const WQE_BYTES: u64 = 64;
@@ -44,8 +61,11 @@ pub fn pinned_bytes_per_connection(config: &Config, members: usize) -> u64 {
     let region = |bytes: usize| (bytes as u64).div_ceil(PAGE) * PAGE;
     let queue = |caps: QpCaps| u64::from(caps.max_send_wr + caps.max_recv_wr) * WQE_BYTES;
     let qps = (members as u64) * u64::from(config.qps_per_connection);
-    let send = region(CTS_RING_BYTES) + region(SIZES_RING_BYTES) + qps * queue(SEND_QP_CAPS);
-    let mut recv = region(SIZES_RING_BYTES) + region(CTS_RING_BYTES) + qps * queue(RECV_QP_CAPS);
+    let send = region(CTS_RING_BYTES) + region(STAGING_BYTES) + qps * queue(SEND_QP_CAPS);
+    let bounce = eager::ring_bytes(agreed_eager_bytes(config, qps as usize, u64::MAX));
+    let mut recv = region(SIZES_RING_BYTES + bounce as usize)
+        + region(CTS_RING_BYTES)
+        + qps * queue(RECV_QP_CAPS);
     if config.flush_enabled {
         // One flush QP and a 64-byte scratch region per member.
         recv += members as u64 * (queue(RECV_QP_CAPS) + region(64));
@@ -235,6 +255,7 @@ pub(super) fn local_hello(
         traffic_class: traffic.class,
         service_level: traffic.level,
         split_data: split,
+        eager_bytes: 0,
     }
 }
 
@@ -478,17 +499,20 @@ mod tests {
     #[test]
     fn pinned_footprint_counts_rings_queues_and_flush() {
         let config = Config::default();
-        // Send: CTS ring 32 x 8 x 64 B = 4 pages, sizes 2048 B -> 1 page, 1089 WQEs of 64 B.
-        let send = 4 * 4096 + 4096 + 1089 * 64;
-        // Receive: the same rings, 96 WQEs; flush: 96 WQEs and one scratch page.
-        let recv = 4096 + 4 * 4096 + 96 * 64 + (96 * 64 + 4096);
+        // Send: CTS ring 32 x 8 x 64 B = 4 pages, staging (sizes 2048 B + eager headers 512 B)
+        // -> 1 page, 1153 WQEs of 64 B.
+        let send = 4 * 4096 + 4096 + 1153 * 64;
+        // Receive: sizes ring 2048 B + bounce ring 32 x (16 + 4096) B -> 33 pages, CTS staging
+        // 4 pages, 128 WQEs; flush: 128 WQEs and one scratch page.
+        let recv = 33 * 4096 + 4 * 4096 + 128 * 64 + (128 * 64 + 4096);
         assert_eq!(pinned_bytes_per_connection(&config, 1), send + recv);
         let no_flush = Config {
             flush_enabled: false,
             qps_per_connection: 2,
             ..Config::default()
         };
+        // Several QPs: no eager path, no bounce ring.
         let two = pinned_bytes_per_connection(&no_flush, 2);
-        assert_eq!(two, 2 * (5 * 4096) + 4 * (1089 + 96) * 64);
+        assert_eq!(two, 2 * (5 * 4096) + 4 * (1153 + 128) * 64);
     }
 }

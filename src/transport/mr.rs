@@ -67,6 +67,9 @@ pub struct MrHandle {
     parts: Vec<MrPart>,
     addr: u64,
     len: u64,
+    /// Registered as host memory (`NCCL_PTR_HOST`): the eager path may read or write it with
+    /// the CPU. GPU memory and DMA-BUF registrations never take it.
+    host: bool,
 }
 
 impl MrHandle {
@@ -92,7 +95,13 @@ impl MrHandle {
             size,
             rkeys: self.rkeys(),
             tag,
+            host: self.host,
         })
+    }
+
+    /// Whether the registration is host memory.
+    pub fn is_host(&self) -> bool {
+        self.host
     }
 
     /// Check that `addr..addr + len` lies inside the registered range.
@@ -112,8 +121,9 @@ impl MrHandle {
 }
 
 impl DeviceContext {
-    /// Register `len` bytes at `addr` (host memory, or CUDA memory through a peer-memory module)
-    /// on every member, reusing cached registrations that cover the same pages.
+    /// Register `len` bytes at `addr` (host memory when `host`, else CUDA memory through a
+    /// peer-memory module) on every member, reusing cached registrations that cover the same
+    /// pages.
     ///
     /// # Safety
     /// `addr..addr + len` must stay mapped until every handle covering it is dropped (NCCL's
@@ -121,14 +131,19 @@ impl DeviceContext {
     ///
     /// # Errors
     /// `System` when `ibv_reg_mr` fails on a member.
-    pub unsafe fn register(&self, addr: u64, len: u64) -> Result<MrHandle> {
+    pub unsafe fn register(&self, addr: u64, len: u64, host: bool) -> Result<MrHandle> {
         let parts = self
             .ports
             .iter()
             // SAFETY: forwarded from this function's contract.
             .map(|port| unsafe { port.register(addr, len) })
             .collect::<Result<Vec<_>>>()?;
-        Ok(MrHandle { parts, addr, len })
+        Ok(MrHandle {
+            parts,
+            addr,
+            len,
+            host,
+        })
     }
 
     /// Register a DMA-BUF (`fd`, `offset`) whose memory NCCL addresses as `addr`, on every
@@ -153,7 +168,12 @@ impl DeviceContext {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(MrHandle { parts, addr, len })
+        Ok(MrHandle {
+            parts,
+            addr,
+            len,
+            host: false,
+        })
     }
 }
 

@@ -8,16 +8,19 @@ use parking_lot::Mutex;
 
 use super::conn::{
     CTS_RING_BYTES, CTS_SIGNAL_EVERY, Failure, Nonces, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES,
-    SIZES_SLOT_BYTES, WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV, check_alive, check_peer,
-    completion_error, describe_local, describe_remote, local_hello, path_params,
+    SIZES_SLOT_BYTES, WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, check_alive,
+    check_peer, completion_error, describe_local, describe_remote, local_hello, path_params,
 };
 use super::mr::MrHandle;
 use super::watch::Watched;
 use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
+use crate::core::eager::{self, Announced};
 use crate::core::error::{Error, Result};
 use crate::core::group::Group;
-use crate::core::proto::{Layout, RecvBuf, RecvSide, SLOTS};
+use crate::core::proto::{
+    Arrived, CtsPost, EagerCopy, EagerHeader, Layout, RecvBuf, RecvSide, SLOTS,
+};
 use crate::core::wire::{Cts, Hello, MAX_RECVS, Role};
 use crate::verbs::{
     Access, Completion, CompletionQueue, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair,
@@ -83,6 +86,7 @@ pub struct RecvComm {
     /// One loopback QP per member; empty when flushing is disabled.
     flush: Vec<FlushQp>,
     cts_staging: HostRegion,
+    /// The sizes ring, followed by the eager bounce ring when the connection uses one.
     sizes_ring: HostRegion,
     remote_ring_addr: u64,
     remote_ring_rkeys: Vec<u32>,
@@ -123,10 +127,18 @@ impl RecvComm {
             level: remote.service_level,
         };
         qps.connect(ctx, remote, traffic)?;
+        let eager_bytes =
+            agreed_eager_bytes(&ctx.config, qps.qps.len(), u64::from(remote.eager_bytes));
+        if eager_bytes > 0 {
+            // Eager messages arrive unannounced: keep a receive posted for every slot.
+            for _ in 0..SLOTS {
+                qps.qps[0].post_recv(WR_RECV)?;
+            }
+        }
         let pds = ctx.pds();
         let sizes_ring = HostRegion::new(
             &pds,
-            SIZES_RING_BYTES,
+            SIZES_RING_BYTES + eager::ring_bytes(eager_bytes) as usize,
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
         let cts_staging = HostRegion::new(&pds, CTS_RING_BYTES, Access::LOCAL_WRITE)?;
@@ -143,7 +155,7 @@ impl RecvComm {
             listen: remote.listen_nonce,
             connect: remote.connect_nonce,
         };
-        let hello = local_hello(
+        let mut hello = local_hello(
             ctx,
             &qps,
             Role::Accept,
@@ -152,18 +164,21 @@ impl RecvComm {
             remote.split_data,
             traffic,
         );
+        hello.eager_bytes = u32::try_from(eager_bytes).unwrap_or(0);
         let layout = Layout {
             nqps: qps.qps.len(),
             split: remote.split_data,
             local_members: ctx.ports.len(),
             remote_members: remote.members.len(),
+            eager_bytes,
         };
         let local = describe_local(ctx);
         let remote_desc = describe_remote(remote, peer);
         tracing::debug!(
-            "recv comm accepted: {remote_desc} -> {local}, {} QPs, {}",
+            "recv comm accepted: {remote_desc} -> {local}, {} QPs, {}, {}",
             layout.nqps,
-            qps.describe_qos(traffic)
+            qps.describe_qos(traffic),
+            describe_eager(eager_bytes)
         );
         let comm = Self {
             ctx: Arc::clone(ctx),
@@ -206,41 +221,72 @@ impl RecvComm {
         if let Err(e) = self.check_alive() {
             return Err(st.failed.record(e));
         }
+        if st.proto.eager_active() {
+            // An eager message that already arrived is delivered now, without a CTS.
+            self.progress(&mut st)?;
+        }
         let Some((_, cts)) = st.proto.irecv(bufs)? else {
             return Ok(None);
         };
-        let layout = st.proto.layout();
-        let result = (|| {
-            for q in cts.qps.clone() {
-                self.qps.qps[q].post_recv(WR_RECV)?;
-            }
-            let cts_qp = cts.qps.start;
-            let offset = cts.slot * MAX_RECVS * Cts::LEN;
-            let mut bytes = [0u8; MAX_RECVS * Cts::LEN];
-            for (chunk, entry) in bytes.chunks_exact_mut(Cts::LEN).zip(cts.entries.iter()) {
-                chunk.copy_from_slice(&entry.emit());
-            }
-            let bytes = &bytes[..cts.entries.len() * Cts::LEN];
-            self.cts_staging.write(offset, bytes);
-            let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
-            st.cts_posted += 1;
-            let wr = WorkRequest {
-                wr_id: WR_CTS,
-                op: Op::Write,
-                local_addr: self.cts_staging.addr(offset),
-                len: bytes.len() as u32,
-                lkey: self.cts_staging.mr(layout.local_member(cts_qp)).lkey(),
-                remote_addr: self.remote_ring_addr + offset as u64,
-                rkey: self.remote_ring_rkeys[layout.remote_member(cts_qp)],
-                signaled,
-            };
-            // SAFETY: the staging slot is rewritten only for message seq + SLOTS, which the
-            // receiver posts after message seq completed, i.e. after the sender read this CTS.
-            unsafe { self.qps.qps[cts_qp].post_send(&[wr]) }
-        })();
-        match result {
+        // SAFETY: forwarded from this function's contract (the copy's destination is one of
+        // `bufs`).
+        match unsafe { self.answer(&mut st, &cts) } {
             Ok(()) => Ok(Some(cts.slot)),
             Err(e) => Err(st.failed.record(e)),
+        }
+    }
+
+    /// Post the receives of `cts`, copy its eager message, and write its entries into the
+    /// sender's ring.
+    ///
+    /// # Safety
+    /// The copy's destination must be a posted receive buffer (`irecv`'s contract).
+    unsafe fn answer(&self, st: &mut RecvState, cts: &CtsPost) -> Result<()> {
+        let layout = st.proto.layout();
+        for q in cts.recvs.clone() {
+            self.qps.qps[q].post_recv(WR_RECV)?;
+        }
+        if let Some(copy) = cts.copy {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { self.copy_eager(layout, copy) };
+        }
+        let offset = cts.slot * MAX_RECVS * Cts::LEN;
+        let mut bytes = [0u8; MAX_RECVS * Cts::LEN];
+        for (chunk, entry) in bytes.chunks_exact_mut(Cts::LEN).zip(cts.entries.iter()) {
+            chunk.copy_from_slice(&entry.emit());
+        }
+        let bytes = &bytes[..cts.entries.len() * Cts::LEN];
+        self.cts_staging.write(offset, bytes);
+        let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
+        st.cts_posted += 1;
+        let wr = WorkRequest {
+            wr_id: WR_CTS,
+            op: Op::Write,
+            local_addr: self.cts_staging.addr(offset),
+            len: bytes.len() as u32,
+            lkey: self.cts_staging.mr(layout.local_member(cts.qp)).lkey(),
+            remote_addr: self.remote_ring_addr + offset as u64,
+            rkey: self.remote_ring_rkeys[layout.remote_member(cts.qp)],
+            signaled,
+        };
+        // SAFETY: the staging slot is rewritten only for message seq + SLOTS, which the
+        // receiver posts after message seq completed, i.e. after the sender read this CTS.
+        unsafe { self.qps.qps[cts.qp].post_send(&[wr]) }
+    }
+
+    /// Copy an eager message out of its bounce slot into the receive buffer.
+    ///
+    /// # Safety
+    /// `copy.addr` must be the buffer of a receive in flight, at least `copy.len` long.
+    unsafe fn copy_eager(&self, layout: Layout, copy: EagerCopy) {
+        let at =
+            SIZES_RING_BYTES as u64 + eager::payload_offset(copy.bounce_slot, layout.eager_bytes);
+        let len = usize::try_from(copy.len).unwrap_or(0);
+        // SAFETY: the payload's write-with-immediate completed and the sender writes this bounce
+        // slot again only after this message was answered; the destination is the caller's.
+        unsafe {
+            self.sizes_ring
+                .copy_to(at as usize, copy.addr as *mut u8, len);
         }
     }
 
@@ -345,6 +391,24 @@ impl RecvComm {
         self.qps.drain(|member, c| self.handle(st, member, c))
     }
 
+    /// An eager message landed in its bounce slot: read its header, hand it to the protocol,
+    /// and copy it when its receive was posted first, else post the receive its
+    /// write-with-immediate used again.
+    fn eager_arrived(&self, st: &mut RecvState, qp: usize, a: Announced) -> Result<()> {
+        let at = SIZES_RING_BYTES + eager::header_offset(a.slot(SLOTS)) as usize;
+        // The write-with-immediate completed, so the header is in place; the sender writes this
+        // slot again only after the message was answered.
+        let seq = u64::from_le_bytes(self.sizes_ring.read(at));
+        let tag = i32::from_le_bytes(self.sizes_ring.read(at + 8));
+        match st.proto.eager_arrived(a, EagerHeader { seq, tag })? {
+            // SAFETY: the copy goes into a receive still in flight, whose buffer NCCL keeps
+            // valid until `test` reports it done (`irecv`'s contract).
+            Arrived::Copied(copy) => unsafe { self.copy_eager(st.proto.layout(), copy) },
+            Arrived::Kept | Arrived::Dropped => self.qps.qps[qp].post_recv(WR_RECV)?,
+        }
+        Ok(())
+    }
+
     fn handle(&self, st: &mut RecvState, member: usize, c: &Completion) -> Result<()> {
         if !c.is_ok() {
             let e = completion_error(
@@ -360,11 +424,15 @@ impl RecvComm {
         let handled = match c.wr_id & !WR_INDEX_MASK {
             WR_RECV if c.opcode == OPCODE_RECV_RDMA_WITH_IMM => {
                 st.completed_any = true;
+                let imm = c.imm.unwrap_or(0);
                 let qp = self
                     .qps
                     .index_of(member, c.qp_num)
                     .ok_or_else(|| Error::misuse("completion from an unknown QP"));
-                qp.and_then(|q| st.proto.handle_completion(q, c.imm.unwrap_or(0)))
+                qp.and_then(|q| match st.proto.announced(imm) {
+                    Some(a) => self.eager_arrived(st, q, a),
+                    None => st.proto.handle_completion(q, imm),
+                })
             }
             WR_FLUSH => {
                 let k = usize::try_from(c.wr_id & WR_INDEX_MASK).unwrap_or(usize::MAX);
@@ -379,5 +447,14 @@ impl RecvComm {
             _ => Ok(()),
         };
         handled.map_err(|e| st.failed.record(e))
+    }
+}
+
+/// How a connection's eager path came out of the handshake, for its debug line.
+pub(super) fn describe_eager(eager_bytes: u64) -> String {
+    if eager_bytes == 0 {
+        "no eager messages".into()
+    } else {
+        format!("eager messages up to {eager_bytes} bytes")
     }
 }

@@ -9,24 +9,26 @@ use parking_lot::Mutex;
 
 use super::DeviceContext;
 use super::conn::{
-    CTS_RING_BYTES, Failure, Nonces, QpSet, SEND_QP_CAPS, SIZES_SLOT_BYTES, WR_DATA, WR_INDEX_MASK,
-    WR_SEND_DONE, check_alive, check_peer, completion_error, connection_qps, describe_local,
-    describe_remote, local_hello, random_u64,
+    CTS_RING_BYTES, Failure, Nonces, QpSet, SEND_QP_CAPS, SIZES_RING_BYTES, SIZES_SLOT_BYTES,
+    STAGING_BYTES, WR_DATA, WR_INDEX_MASK, WR_SEND_DONE, agreed_eager_bytes, check_alive,
+    check_peer, completion_error, connection_qps, describe_local, describe_remote, local_hello,
+    random_u64,
 };
 use super::mr::MrHandle;
+use super::recv::describe_eager;
 use super::watch::Watched;
 use super::wire_io::HandshakeStream;
 use crate::core::config::Traffic;
+use crate::core::eager;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::group::Group;
 use crate::core::proto::{
-    Layout, POSTS_PER_MESSAGE, Post, RdmaWrite, SLOTS, SendBuf, SendSide, check_message_size,
+    Layout, POSTS_PER_MESSAGE, Post, RdmaWrite, SendBuf, SendSide, check_message_size,
 };
 use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS, Role};
 use crate::verbs::{Access, Completion, HostRegion, Op, WorkRequest};
 
-/// Requests a send comm can have in flight: every entry of every slot.
-pub const SEND_REQUESTS: usize = SLOTS * MAX_RECVS;
+pub use crate::core::proto::SEND_REQUESTS;
 
 /// Work requests per posted chain: one message's posts on one QP.
 const CHAIN: usize = POSTS_PER_MESSAGE;
@@ -176,7 +178,7 @@ impl Connecting {
             listen: self.handle.nonce,
             connect: random_u64(),
         };
-        let hello = local_hello(
+        let mut hello = local_hello(
             &self.ctx,
             &qps,
             Role::Connect,
@@ -185,6 +187,8 @@ impl Connecting {
             self.ctx.config.split_data_on_qps,
             self.traffic,
         );
+        let offer = agreed_eager_bytes(&self.ctx.config, nqps, u64::MAX);
+        hello.eager_bytes = u32::try_from(offer).unwrap_or(0);
         Ok(Pending {
             qps,
             cts_ring,
@@ -196,29 +200,28 @@ impl Connecting {
         check_peer(&self.ctx, remote, peer)?;
         let config = &self.ctx.config;
         pending.qps.connect(&self.ctx, remote, self.traffic)?;
-        let sizes_staging = HostRegion::new(
-            &self.ctx.pds(),
-            SLOTS * SIZES_SLOT_BYTES,
-            Access::LOCAL_WRITE,
-        )?;
+        let staging = HostRegion::new(&self.ctx.pds(), STAGING_BYTES, Access::LOCAL_WRITE)?;
+        let nqps = pending.qps.qps.len();
         let layout = Layout {
-            nqps: pending.qps.qps.len(),
+            nqps,
             split: config.split_data_on_qps,
             local_members: self.ctx.ports.len(),
             remote_members: remote.members.len(),
+            eager_bytes: agreed_eager_bytes(config, nqps, u64::from(remote.eager_bytes)),
         };
         let local = describe_local(&self.ctx);
         let remote_desc = describe_remote(remote, peer);
         tracing::debug!(
-            "send comm connected: {local} -> {remote_desc}, {} QPs, {}",
+            "send comm connected: {local} -> {remote_desc}, {} QPs, {}, {}",
             layout.nqps,
-            pending.qps.describe_qos(self.traffic)
+            pending.qps.describe_qos(self.traffic),
+            describe_eager(layout.eager_bytes)
         );
         Ok(SendComm {
             ctx: Arc::clone(&self.ctx),
             qps: pending.qps,
             cts_ring: pending.cts_ring,
-            sizes_staging,
+            staging,
             remote_sizes_addr: remote.ring_addr,
             remote_sizes_rkeys: remote.members.iter().map(|m| m.ring_rkey).collect(),
             layout,
@@ -248,7 +251,9 @@ pub struct SendComm {
     ctx: Arc<DeviceContext>,
     qps: QpSet,
     cts_ring: HostRegion,
-    sizes_staging: HostRegion,
+    /// Sizes of grouped messages, then eager headers, as they are written to the receiver.
+    staging: HostRegion,
+    /// The receiver's sizes ring; its eager bounce ring follows it.
     remote_sizes_addr: u64,
     remote_sizes_rkeys: Vec<u32>,
     layout: Layout,
@@ -288,18 +293,13 @@ impl SendComm {
         if let Err(e) = self.check_alive() {
             return Err(st.failed.record(e));
         }
-        if let Some((seq, slot)) = st.proto.wants_cts() {
-            match self.read_cts(seq, slot) {
-                Ok(Some(entries)) => st.proto.handle_cts(entries)?,
-                Ok(None) => return Ok(None),
-                Err(e) => return Err(st.failed.record(e)),
-            }
-        }
+        self.read_answers(&mut st)?;
         let Some(accepted) = st.proto.isend(SendBuf {
             addr,
             size,
             lkeys: mr.lkeys(),
             tag,
+            host: mr.is_host(),
         })?
         else {
             return Ok(None);
@@ -315,7 +315,34 @@ impl SendComm {
         if let Err(e) = posted {
             return Err(st.failed.record(e));
         }
-        Ok(Some(accepted.slot * MAX_RECVS + accepted.entry))
+        Ok(Some(accepted.req))
+    }
+
+    /// Take what the receiver wrote into the CTS ring, in order: answers to eager messages,
+    /// then the next message's CTS; post what they release (a refused eager message again, or
+    /// held sends that complete a message).
+    fn read_answers(&self, st: &mut SendState) -> Result<()> {
+        while let Some((seq, slot)) = st.proto.wants_cts() {
+            let entries = match self.read_cts(seq, slot) {
+                Ok(Some(entries)) => entries,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(st.failed.record(e)),
+            };
+            let posts = st
+                .proto
+                .handle_cts(entries)
+                .map_err(|e| st.failed.record(e))?;
+            // A plain CTS where an eager message's answer belongs: the answer comes later.
+            let Some(posts) = posts else {
+                return Ok(());
+            };
+            if !posts.is_empty() {
+                let posted = self.post(&posts);
+                st.proto.recycle(posts);
+                posted.map_err(|e| st.failed.record(e))?;
+            }
+        }
+        Ok(())
     }
 
     /// Poll request `index`: `Some(bytes sent)` when done (and then forgotten).
@@ -323,15 +350,16 @@ impl SendComm {
     /// # Errors
     /// The comm's failure (error completion), or `Misuse` for an index that is not in flight.
     pub fn test(&self, index: usize) -> Result<Option<u64>> {
-        let (slot, entry) = (index / MAX_RECVS, index % MAX_RECVS);
         let mut st = self.state.lock();
         st.failed.check()?;
-        if st.proto.poll_done(slot, entry).is_none() {
+        if st.proto.poll_done(index).is_none() {
             self.progress(&mut st)?;
+            // An eager message completes with its acknowledgement in the CTS ring.
+            self.read_answers(&mut st)?;
         }
-        let done = st.proto.poll_done(slot, entry);
+        let done = st.proto.poll_done(index);
         if done.is_some() {
-            st.proto.release(slot, entry);
+            st.proto.release(index);
         } else if let Err(e) = self.check_alive() {
             return Err(st.failed.record(e));
         }
@@ -343,32 +371,36 @@ impl SendComm {
         check_alive(&self.ctx, self.link.as_ref(), "receive comm")
     }
 
-    /// The ring slot's entries once all of them carry `seq + 1`.
+    /// The ring slot's entries once all of them carry `seq + 1` and the first entry's count
+    /// (a refusal rewrites a CTS with a flag in the count); one entry with count 0 is the
+    /// acknowledgement of an eager message.
     fn read_cts(&self, seq: u64, slot: usize) -> Result<Option<Group<Cts>>> {
         let base = slot * MAX_RECVS * Cts::LEN;
         let want = seq + 1;
-        if self.cts_ring.read_u64_acquire(base + Cts::SEQ_OFFSET) != want {
+        // The sequence number is checked (acquire) before the entry it guards is read.
+        let entry = |i: usize| {
+            let at = base + i * Cts::LEN;
+            (self.cts_ring.read_u64_acquire(at + Cts::SEQ_OFFSET) == want)
+                .then(|| Cts::parse(&self.cts_ring.read(at)))
+        };
+        let Some(first) = entry(0) else {
             return Ok(None);
-        }
-        let entry = |i: usize| Cts::parse(&self.cts_ring.read(base + i * Cts::LEN));
-        let first = entry(0);
-        let n = first.nreqs as usize;
-        if !(1..=MAX_RECVS).contains(&n) {
+        };
+        let n = (first.nreqs & !eager::REFUSED) as usize;
+        if n > MAX_RECVS {
             return Err(Error::new(
                 Kind::Remote,
                 format!("peer posted a CTS with {n} buffers ({})", self.remote),
             ));
         }
-        let arrived = |i: usize| {
-            let at = base + i * Cts::LEN;
-            self.cts_ring.read_u64_acquire(at + Cts::SEQ_OFFSET) == want
-        };
-        if !(1..n).all(arrived) {
-            return Ok(None);
+        let mut entries = [first; MAX_RECVS];
+        for (i, e) in entries.iter_mut().enumerate().take(n).skip(1) {
+            match entry(i) {
+                Some(cts) if cts.nreqs == first.nreqs => *e = cts,
+                _ => return Ok(None),
+            }
         }
-        Ok(Some(
-            std::iter::once(first).chain((1..n).map(entry)).collect(),
-        ))
+        Ok(Some(entries.into_iter().take(n.max(1)).collect()))
     }
 
     /// Post `posts` (grouped by QP, in order) as one chain per QP.
@@ -376,14 +408,16 @@ impl SendComm {
         let mut chain = [WorkRequest::EMPTY; CHAIN];
         let (mut len, mut chain_qp) = (0, 0);
         for p in posts {
-            let (qp, wr) = self.work_request(p)?;
-            if len > 0 && (qp != chain_qp || len == CHAIN) {
-                self.post_chain(chain_qp, &chain[..len])?;
-                len = 0;
-            }
-            chain_qp = qp;
-            chain[len] = wr;
-            len += 1;
+            self.work_requests(p, |qp, wr| {
+                if len > 0 && (qp != chain_qp || len == CHAIN) {
+                    self.post_chain(chain_qp, &chain[..len])?;
+                    len = 0;
+                }
+                chain_qp = qp;
+                chain[len] = wr;
+                len += 1;
+                Ok(())
+            })?;
         }
         self.post_chain(chain_qp, &chain[..len])
     }
@@ -394,8 +428,13 @@ impl SendComm {
         unsafe { self.qps.qps[qp].post_send(wrs) }
     }
 
-    fn work_request(&self, p: &Post) -> Result<(usize, WorkRequest)> {
-        let request = |w: &RdmaWrite, wr_id: u64, op: Op, signaled: bool| {
+    /// The work requests of `p`, handed to `push` with their QP.
+    fn work_requests(
+        &self,
+        p: &Post,
+        mut push: impl FnMut(usize, WorkRequest) -> Result<()>,
+    ) -> Result<()> {
+        let mut request = |w: &RdmaWrite, wr_id: u64, op: Op, signaled: bool| {
             let len =
                 u32::try_from(w.len).map_err(|_| Error::misuse("message larger than 4 GiB"))?;
             let wr = WorkRequest {
@@ -408,12 +447,50 @@ impl SendComm {
                 rkey: w.rkey,
                 signaled,
             };
-            Ok((w.qp, wr))
+            push(w.qp, wr)
         };
         match *p {
             Post::Write(w) => request(&w, WR_DATA, Op::Write, false),
             Post::WriteImm { write, imm, slot } => {
                 request(&write, WR_SEND_DONE | slot as u64, Op::WriteImm(imm), true)
+            }
+            Post::Eager {
+                qp,
+                slot,
+                seq,
+                tag,
+                local_addr,
+                lkey,
+                len,
+                imm,
+            } => {
+                let (local, remote) = (self.layout.local_member(qp), self.layout.remote_member(qp));
+                let staged = SIZES_RING_BYTES + eager::header_offset(slot) as usize;
+                self.staging.write(staged, &eager::header(seq, tag));
+                let bounce = self.remote_sizes_addr + SIZES_RING_BYTES as u64;
+                let header = RdmaWrite {
+                    qp,
+                    local_addr: self.staging.addr(staged),
+                    lkey: self.staging.mr(local).lkey(),
+                    len: eager::HEADER_BYTES as u64,
+                    remote_addr: bounce + eager::header_offset(slot),
+                    rkey: self.remote_sizes_rkeys[remote],
+                };
+                request(&header, WR_DATA, Op::Write, false)?;
+                let payload = RdmaWrite {
+                    qp,
+                    local_addr,
+                    lkey,
+                    len,
+                    remote_addr: bounce + eager::payload_offset(slot, self.layout.eager_bytes),
+                    rkey: self.remote_sizes_rkeys[remote],
+                };
+                request(
+                    &payload,
+                    WR_SEND_DONE | slot as u64,
+                    Op::WriteImm(imm),
+                    true,
+                )
             }
             Post::Sizes { qp, slot, sizes } => {
                 let mut bytes = [0u8; SIZES_SLOT_BYTES];
@@ -421,11 +498,11 @@ impl SendComm {
                     chunk.copy_from_slice(&size.to_le_bytes());
                 }
                 let offset = slot * SIZES_SLOT_BYTES;
-                self.sizes_staging.write(offset, &bytes);
+                self.staging.write(offset, &bytes);
                 let write = RdmaWrite {
                     qp,
-                    local_addr: self.sizes_staging.addr(offset),
-                    lkey: self.sizes_staging.mr(self.layout.local_member(qp)).lkey(),
+                    local_addr: self.staging.addr(offset),
+                    lkey: self.staging.mr(self.layout.local_member(qp)).lkey(),
                     len: SIZES_SLOT_BYTES as u64,
                     remote_addr: self.remote_sizes_addr + offset as u64,
                     rkey: self.remote_sizes_rkeys[self.layout.remote_member(qp)],

@@ -376,6 +376,17 @@ impl HostRegion {
         u64::from_le(v)
     }
 
+    /// Copy `len` bytes at `offset` to `dst`.
+    ///
+    /// # Safety
+    /// `dst..dst + len` must be valid for writes and must not overlap the region; the NIC must
+    /// not be writing the copied bytes (the protocol holds the peer off them).
+    pub unsafe fn copy_to(&self, offset: usize, dst: *mut u8, len: usize) {
+        let src = self.at(offset, len);
+        // SAFETY: the source is in bounds (checked by `at`); the rest is the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+    }
+
     /// Copy `N` bytes out of the region at `offset`.
     pub fn read<const N: usize>(&self, offset: usize) -> [u8; N] {
         let at = self.at(offset, N).cast::<[u8; N]>();

@@ -96,6 +96,7 @@ fn intrude(kind: Intruder, addr: SocketAddr) -> Option<TcpStream> {
                 traffic_class: 0,
                 service_level: 0,
                 split_data: false,
+                eager_bytes: 0,
             };
             s.write_all(&hello.emit()).unwrap();
             Some(s)

@@ -16,6 +16,7 @@ mod support;
 
 mod connections;
 mod data_path;
+mod eager;
 mod faults;
 mod versions;
 
@@ -310,6 +311,7 @@ fn scenarios() -> impl Iterator<Item = &'static Scenario> {
         .chain(connections::SCENARIOS)
         .chain(faults::SCENARIOS)
         .chain(versions::SCENARIOS)
+        .chain(eager::SCENARIOS)
 }
 
 /// The ncclNet versions the common scenarios run through: the oldest and the newest table,
@@ -333,6 +335,7 @@ fn runs() -> Vec<(String, &'static Scenario, Option<u8>)> {
     runs.extend(
         versions::SCENARIOS
             .iter()
+            .chain(eager::SCENARIOS)
             .map(|s| (s.name.to_owned(), s, None)),
     );
     runs

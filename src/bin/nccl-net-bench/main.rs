@@ -57,6 +57,11 @@ struct Options {
     /// Check every received byte.
     #[arg(long)]
     verify: bool,
+    /// Ping-pong with each receive posted only when its message is awaited (after this side's
+    /// own send), as at the first step of an operation or behind a busy proxy: the
+    /// clear-to-send is then on the critical path unless the plugin sends without it.
+    #[arg(long)]
+    recv_late: bool,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -380,6 +385,32 @@ impl Endpoint {
         }
         Ok(elapsed.as_secs_f64() * 1e6 / iters as f64 / 2.0)
     }
+
+    /// Ping-pong with late receives (`--recv-late`): rank 0 pings, then posts the receive of
+    /// the answer; rank 1 posts each receive only once its previous answer went out.
+    fn ping_pong_late(&mut self, rank0: bool, size: usize, iters: usize) -> Result<f64, String> {
+        let d = deadline();
+        let (net, sc, rc, smh, rmh) = (&self.net, self.sc, self.rc, self.smh, self.rmh);
+        let (sp, rp) = (self.sbuf.as_mut_ptr(), self.rbuf.as_mut_ptr());
+        let post_recv =
+            || net.until_started("irecv", d, || net.irecv_step(rc, &[(rp, size, 1, rmh)]));
+        let send = || net.until_started("isend", d, || net.isend_step(sc, sp, size, 1, smh));
+        let start = Instant::now();
+        for _ in 0..iters {
+            if rank0 {
+                let s = send()?;
+                let r = post_recv()?;
+                net.wait(r, d)?;
+                net.wait(s, d)?;
+            } else {
+                let r = post_recv()?;
+                net.wait(r, d)?;
+                let s = send()?;
+                net.wait(s, d)?;
+            }
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0)
+    }
 }
 
 /// What rank 0 prints: the plugin, its device, one row per size.
@@ -418,7 +449,11 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
         let seconds = t0.elapsed().as_secs_f64();
         let cpu = cpu_seconds() - cpu0;
         ctl.barrier()?;
-        let lat_us = ep.ping_pong(rank0, size, lat_iters(o, size))?;
+        let lat_us = if o.recv_late {
+            ep.ping_pong_late(rank0, size, lat_iters(o, size))?
+        } else {
+            ep.ping_pong(rank0, size, lat_iters(o, size))?
+        };
         if rank0 {
             let cpu_recv = ctl.recv_f64()?;
             let recv_ok = ctl.recv::<1>()?[0] == 1;

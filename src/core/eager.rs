@@ -1,0 +1,172 @@
+//! The eager path's wire rules: how an eager message announces itself in the immediate, the
+//! header it leaves in the receiver's bounce ring, and how the receiver's writes into the CTS
+//! ring answer it.
+//!
+//! A sender whose next message has no clear-to-send yet may write a small payload from host
+//! memory, for the tag the previous receive expected, straight into the receiver's bounce ring
+//! (one slot per message slot, so the answer that frees a message slot also returns its bounce
+//! slot: the credits travel with the CTS traffic). Each eager message is answered by exactly one
+//! write the receiver makes anyway, in the message's CTS slot:
+//! - its receive was posted after the message landed: an acknowledgement ([`ack`]) once the
+//!   message was copied into the posted buffer;
+//! - its receive was posted first: the receive's CTS. A plain CTS of a single receive promises
+//!   the copy of an eager message with its tag; a CTS flagged [`REFUSED`] ([`refusal`]: a
+//!   receive in GPU memory, or a grouped one) makes the sender write the message again by
+//!   rendezvous. The receiver flags every CTS that would not take a copy, since it cannot know
+//!   whether an eager message is on its way.
+//!
+//! So no answer costs an extra write, and a send that went eagerly into a legal receive needs
+//! nothing more from the sender's side to be delivered. A grouped receive or a receive for
+//! another tag numbers the messages that follow differently than the eager sends assumed: the
+//! sender takes those sends back and matches them to the CTS entries in sending order, the
+//! receiver drops the eager messages from that point unanswered, and both sides stop using the
+//! eager path on that connection.
+//!
+//! Eager messages are used only on connections of one QP: everything then travels in one
+//! ordered queue, so an eager message always reaches the receiver before the rendezvous write
+//! of the same message, and before any later eager message.
+
+use super::group::Group;
+use super::proto::SLOTS;
+use super::wire::Cts;
+
+/// Largest eager threshold the knob accepts: the size must fit the immediate's 24 bits, and a
+/// bounce ring of [`super::proto::SLOTS`] slots of this size is pinned per receive comm.
+pub const MAX_EAGER_BYTES: u64 = 64 * 1024;
+
+/// Bytes of an eager message's header in its bounce slot: the message's sequence number, then
+/// its tag.
+pub const HEADER_BYTES: usize = 16;
+
+const EAGER_FLAG: u32 = 1 << 31;
+const SEQ_SHIFT: u32 = 24;
+const SEQ_MASK: u32 = 0x7f;
+const SIZE_MASK: u32 = (1 << SEQ_SHIFT) - 1;
+
+/// Largest immediate a rendezvous single-buffer message may carry on a connection that uses
+/// the eager path: larger capacities send their size through the sizes ring instead, so an
+/// immediate with the top bit set always means "eager".
+pub const MAX_RENDEZVOUS_IMM: u64 = (EAGER_FLAG - 1) as u64;
+
+/// Bytes of a bounce ring whose slots take `eager_bytes`: the headers, then the payloads (none
+/// when the eager path is off).
+pub fn ring_bytes(eager_bytes: u64) -> u64 {
+    if eager_bytes == 0 {
+        return 0;
+    }
+    SLOTS as u64 * (HEADER_BYTES as u64 + eager_bytes)
+}
+
+/// Offset of bounce slot `slot`'s header in the ring.
+pub fn header_offset(slot: usize) -> u64 {
+    (slot * HEADER_BYTES) as u64
+}
+
+/// Offset of bounce slot `slot`'s payload in a ring whose slots take `eager_bytes`.
+pub fn payload_offset(slot: usize, eager_bytes: u64) -> u64 {
+    (SLOTS * HEADER_BYTES) as u64 + slot as u64 * eager_bytes
+}
+
+/// The immediate of eager message `seq` of `size` bytes (`size <= MAX_EAGER_BYTES`).
+pub fn imm(seq: u64, size: u64) -> u32 {
+    let seq_bits = (seq & u64::from(SEQ_MASK)) as u32;
+    EAGER_FLAG | (seq_bits << SEQ_SHIFT) | (size.min(u64::from(SIZE_MASK)) as u32)
+}
+
+/// An eager message's announcement, decoded from its immediate.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Announced {
+    /// The sequence number's low 7 bits ([`Announced::seq_near`] recovers it).
+    pub seq_bits: u8,
+    /// Payload bytes.
+    pub size: u64,
+}
+
+impl Announced {
+    /// `Some` when `imm` announces an eager message.
+    pub fn from_imm(imm: u32) -> Option<Self> {
+        (imm & EAGER_FLAG != 0).then(|| Self {
+            seq_bits: ((imm >> SEQ_SHIFT) & SEQ_MASK) as u8,
+            size: u64::from(imm & SIZE_MASK),
+        })
+    }
+
+    /// The full sequence number, given that it lies in `[next - SLOTS, next + SLOTS)` where
+    /// `next` is the receiver's next receive: an eager message is at most `SLOTS` ahead of the
+    /// receiver (the sender's slots), and one that is behind is still in its slot.
+    pub fn seq_near(&self, next: u64, slots: u64) -> u64 {
+        let window = u64::from(SEQ_MASK) + 1;
+        let base = next.saturating_sub(slots);
+        base + (u64::from(self.seq_bits).wrapping_sub(base) % window)
+    }
+
+    /// The bounce slot the payload landed in.
+    pub fn slot(&self, slots: usize) -> usize {
+        usize::from(self.seq_bits) % slots
+    }
+}
+
+/// The header the sender writes before the payload.
+pub fn header(seq: u64, tag: i32) -> [u8; HEADER_BYTES] {
+    let mut out = [0u8; HEADER_BYTES];
+    out[0..8].copy_from_slice(&seq.to_le_bytes());
+    out[8..12].copy_from_slice(&tag.to_le_bytes());
+    out
+}
+
+/// Flag in a CTS entry's `nreqs`: this receive takes no eager copy; a message sent eagerly is
+/// written again by rendezvous into these buffers (a message that was not is sent as usual).
+pub const REFUSED: u32 = 1 << 31;
+
+/// `cts` (a receive's entries) flagged [`REFUSED`].
+pub fn refusal(mut cts: Group<Cts>) -> Group<Cts> {
+    for e in cts.iter_mut() {
+        e.nreqs |= REFUSED;
+    }
+    cts
+}
+
+/// The acknowledgement of eager message `seq`, written where its CTS would go: `nreqs` 0 and
+/// the bytes the receiver kept in `size`.
+pub fn ack(seq: u64, delivered: u64) -> Cts {
+    Cts {
+        size: delivered,
+        nreqs: 0,
+        seq_plus_one: seq + 1,
+        ..Cts::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn immediates_round_trip_and_rendezvous_ones_never_look_eager() {
+        for (seq, size) in [
+            (0, 0),
+            (5, 8),
+            (127, 4096),
+            (128, MAX_EAGER_BYTES),
+            (1000, 1),
+        ] {
+            let a = Announced::from_imm(imm(seq, size)).unwrap();
+            assert_eq!(a.size, size);
+            assert_eq!(u64::from(a.seq_bits), seq % 128);
+        }
+        assert_eq!(Announced::from_imm(MAX_RENDEZVOUS_IMM as u32), None);
+        assert_eq!(Announced::from_imm(0), None);
+    }
+
+    #[test]
+    fn sequence_numbers_are_recovered_anywhere_in_the_window() {
+        for next in [0u64, 1, 31, 32, 33, 127, 128, 1000, 1 << 40] {
+            let lo = next.saturating_sub(32);
+            for seq in lo..next + 32 {
+                let a = Announced::from_imm(imm(seq, 1)).unwrap();
+                assert_eq!(a.seq_near(next, 32), seq, "next {next}");
+                assert_eq!(a.slot(32), (seq % 32) as usize);
+            }
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! The eager path (`core::eager`): small host-memory sends that move before their receive is
+//! posted, the receive that copies them, and every case where the rendezvous protocol takes over
+//! (over the threshold, CUDA-typed registrations, grouped receives, a peer without the eager
+//! path). Each connection first carries one message by rendezvous (eager sends follow the tag of
+//! the last receive); then rank 0 receives and posts nothing for `LATE`, so the sender's calls in
+//! that window cannot have seen a clear-to-send: a request that starts there went eager, a NULL
+//! request is the rendezvous protocol waiting for its CTS.
+
+use std::ffi::c_void;
+use std::time::Duration;
+
+use nccl_net::core::proto::SLOTS;
+use nccl_net::driver::NCCL_PTR_CUDA;
+
+use crate::support::net::pattern;
+use crate::{Cx, Scenario, recv_each, send_each};
+
+/// How long the receiver stays silent after connecting.
+const LATE: Duration = Duration::from_secs(3);
+/// The default `NCCL_NET_RS_EAGER_BYTES`.
+const THRESHOLD: usize = 4096;
+
+/// The first message of a connection, for `tag`: by rendezvous, so the sender learns the tag.
+fn warm_up(cx: &Cx, comm: *mut c_void, tag: i32) {
+    let msg = [(1, 8)];
+    if cx.rank == 0 {
+        recv_each(&cx.net, comm, &msg, tag);
+    } else {
+        send_each(&cx.net, comm, &msg, tag);
+    }
+}
+
+/// Post `size` bytes once: the request, or NULL (retry later).
+fn isend_once(
+    cx: &Cx,
+    sc: *mut c_void,
+    buf: *mut u8,
+    size: usize,
+    tag: i32,
+    mh: *mut c_void,
+) -> *mut c_void {
+    cx.net.isend_step(sc, buf, size, tag, mh).unwrap()
+}
+
+/// Sizes around the threshold: the eager ones start at once, the first one over waits for its
+/// CTS; every message arrives byte-exact, and a receive whose message already arrived is done
+/// at its first `test`.
+fn eager_sends_start_before_the_receive_is_posted(cx: &mut Cx) {
+    let eager = [0usize, 1, 8, THRESHOLD - 1, THRESHOLD];
+    let msgs: Vec<(u64, usize)> = eager
+        .iter()
+        .chain(&[THRESHOLD + 1])
+        .enumerate()
+        .map(|(i, &s)| (40 + i as u64, s))
+        .collect();
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        warm_up(cx, rc, 3);
+        std::thread::sleep(LATE);
+        let mut buf = vec![0xa5u8; 2 * THRESHOLD];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        for &(seed, size) in &msgs {
+            buf.fill(0xa5);
+            let req = cx.net.irecv(rc, &[(buf.as_mut_ptr(), buf.len(), 3, mh)]);
+            if size <= THRESHOLD {
+                let first = cx.net.test_step(req).unwrap();
+                assert_eq!(
+                    first.map(|s| s[0]),
+                    Some(size as i32),
+                    "the {size}-byte eager message is copied at irecv"
+                );
+            } else {
+                assert_eq!(cx.net.wait(req)[0], size as i32);
+            }
+            assert!(
+                buf[..size] == pattern(seed, size)[..],
+                "{size}-byte payload"
+            );
+            assert!(
+                buf[size..size + 64].iter().all(|&b| b == 0xa5),
+                "guard after {size}"
+            );
+        }
+        cx.net.dereg_mr(rc, mh);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        warm_up(cx, sc, 3);
+        let mut bufs: Vec<Vec<u8>> = msgs
+            .iter()
+            .map(|&(seed, size)| pattern(seed, size.max(1)))
+            .collect();
+        let mhs: Vec<*mut c_void> = bufs.iter_mut().map(|b| cx.net.reg_mr(sc, b)).collect();
+        let mut reqs = Vec::new();
+        for (i, &(_, size)) in msgs.iter().enumerate() {
+            let req = isend_once(cx, sc, bufs[i].as_mut_ptr(), size, 3, mhs[i]);
+            if size <= THRESHOLD {
+                assert!(!req.is_null(), "the {size}-byte send starts without a CTS");
+                reqs.push(req);
+            } else {
+                assert!(req.is_null(), "the {size}-byte send waits for its CTS");
+                reqs.push(cx.net.isend(sc, bufs[i].as_mut_ptr(), size, 3, mhs[i]));
+            }
+        }
+        for (req, &(_, size)) in reqs.into_iter().zip(&msgs) {
+            assert_eq!(cx.net.wait(req)[0], size as i32, "sender's size of {size}");
+        }
+        for mh in mhs {
+            cx.net.dereg_mr(sc, mh);
+        }
+        cx.net.close_send(sc);
+    }
+}
+
+/// Four eager sends met by one grouped receive of four buffers for their tag: the sender takes
+/// them back and writes them by rendezvous into the group's buffers, in sending order; the
+/// connection goes on without eager messages (the next small send waits for its CTS).
+fn grouped_receive_after_eager_sends_falls_back_to_rendezvous(cx: &mut Cx) {
+    const CAP: usize = 1024;
+    let size_of = |i: usize| 100 * (i + 1) + 7;
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        warm_up(cx, rc, 0);
+        std::thread::sleep(LATE);
+        let mut buf = vec![0xa5u8; 4 * CAP];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let base = buf.as_mut_ptr();
+        let bufs: Vec<_> = (0..4)
+            .map(|i| (base.wrapping_add(i * CAP), CAP, 0, mh))
+            .collect();
+        let sizes = cx.net.wait(cx.net.irecv(rc, &bufs));
+        for i in 0..4 {
+            assert_eq!(sizes[i], size_of(i) as i32, "buffer {i}");
+            let got = &buf[i * CAP..i * CAP + size_of(i)];
+            assert!(
+                got == &pattern(60 + i as u64, size_of(i))[..],
+                "buffer {i} holds send {i}"
+            );
+            assert!(buf[i * CAP + size_of(i)] == 0xa5, "guard after buffer {i}");
+        }
+        cx.net.dereg_mr(rc, mh);
+        std::thread::sleep(LATE);
+        recv_each(&cx.net, rc, &[(70, 8), (71, 100_000)], 0);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        warm_up(cx, sc, 0);
+        let mut bufs: Vec<Vec<u8>> = (0..4).map(|i| pattern(60 + i as u64, size_of(i))).collect();
+        let mhs: Vec<*mut c_void> = bufs.iter_mut().map(|b| cx.net.reg_mr(sc, b)).collect();
+        let reqs: Vec<*mut c_void> = (0..4)
+            .map(|i| {
+                let req = isend_once(cx, sc, bufs[i].as_mut_ptr(), size_of(i), 0, mhs[i]);
+                assert!(!req.is_null(), "send {i} starts eagerly");
+                req
+            })
+            .collect();
+        for (i, req) in reqs.into_iter().enumerate() {
+            assert_eq!(cx.net.wait(req)[0], size_of(i) as i32, "send {i}");
+        }
+        for mh in mhs {
+            cx.net.dereg_mr(sc, mh);
+        }
+        let mut small = pattern(70, 8);
+        let mh = cx.net.reg_mr(sc, &mut small);
+        let first = isend_once(cx, sc, small.as_mut_ptr(), 8, 0, mh);
+        assert!(first.is_null(), "no eager message after a grouped receive");
+        let req = cx.net.isend(sc, small.as_mut_ptr(), 8, 0, mh);
+        assert_eq!(cx.net.wait(req)[0], 8);
+        cx.net.dereg_mr(sc, mh);
+        send_each(&cx.net, sc, &[(71, 100_000)], 0);
+        cx.net.close_send(sc);
+    }
+}
+
+/// A send from a CUDA-typed registration never goes eager; an eager message that meets a
+/// CUDA-typed receive is written again by rendezvous (the copy is never made into GPU memory).
+fn cuda_typed_registrations_never_take_the_eager_path(cx: &mut Cx) {
+    const LEN: usize = 64;
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        warm_up(cx, rc, 1);
+        // Message 0 into host memory (its CTS keeps the sender's eager path open), message 1
+        // into a CUDA-typed buffer.
+        let mut host = vec![0xa5u8; 2 * LEN];
+        let mut gpu = vec![0xa5u8; 2 * LEN];
+        let hmh = cx.net.reg_mr(rc, &mut host);
+        let gmh = cx
+            .net
+            .0
+            .reg_mr_raw(rc, gpu.as_mut_ptr().cast(), gpu.len(), NCCL_PTR_CUDA)
+            .unwrap();
+        for (seed, buf, mh) in [(80, &mut host, hmh), (81, &mut gpu, gmh)] {
+            // Late for each message: message 1 must reach the receiver before its receive.
+            std::thread::sleep(LATE);
+            let req = cx.net.irecv(rc, &[(buf.as_mut_ptr(), LEN, 1, mh)]);
+            assert_eq!(cx.net.wait(req)[0], LEN as i32);
+            assert!(buf[..LEN] == pattern(seed, LEN)[..], "message {seed}");
+            assert!(
+                buf[LEN..].iter().all(|&b| b == 0xa5),
+                "guard after message {seed}"
+            );
+        }
+        cx.net.dereg_mr(rc, hmh);
+        cx.net.dereg_mr(rc, gmh);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        warm_up(cx, sc, 1);
+        let mut gpu = pattern(80, LEN);
+        let gmh = cx
+            .net
+            .0
+            .reg_mr_raw(sc, gpu.as_mut_ptr().cast(), LEN, NCCL_PTR_CUDA)
+            .unwrap();
+        let first = isend_once(cx, sc, gpu.as_mut_ptr(), LEN, 1, gmh);
+        assert!(first.is_null(), "a CUDA-typed send waits for its CTS");
+        let req = cx.net.isend(sc, gpu.as_mut_ptr(), LEN, 1, gmh);
+        assert_eq!(cx.net.wait(req)[0], LEN as i32);
+        // The receiver posts message 1 a while after message 0: it goes before its CTS, and
+        // the receiver refuses to copy it into its CUDA-typed buffer (the sender writes it
+        // again by rendezvous while it waits for the request).
+        let mut host = pattern(81, LEN);
+        let hmh = cx.net.reg_mr(sc, &mut host);
+        let req = isend_once(cx, sc, host.as_mut_ptr(), LEN, 1, hmh);
+        assert!(!req.is_null(), "the host-memory send starts eagerly");
+        assert_eq!(cx.net.wait(req)[0], LEN as i32);
+        cx.net.dereg_mr(sc, gmh);
+        cx.net.dereg_mr(sc, hmh);
+        cx.net.close_send(sc);
+    }
+}
+
+/// One eager message per slot and no receive: the next send waits (no credit) until the
+/// receiver acknowledged one and the sender's `test` saw it done.
+fn credits_run_out_after_a_ring_of_eager_messages(cx: &mut Cx) {
+    const LEN: usize = 16;
+    let n = SLOTS;
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        warm_up(cx, rc, 0);
+        std::thread::sleep(LATE);
+        let msgs: Vec<(u64, usize)> = (0..=n).map(|i| (200 + i as u64, LEN)).collect();
+        recv_each(&cx.net, rc, &msgs, 0);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        warm_up(cx, sc, 0);
+        let mut buf: Vec<u8> = (0..=n).flat_map(|i| pattern(200 + i as u64, LEN)).collect();
+        let mh = cx.net.reg_mr(sc, &mut buf);
+        let base = buf.as_mut_ptr();
+        let reqs: Vec<*mut c_void> = (0..n)
+            .map(|i| {
+                let req = isend_once(cx, sc, base.wrapping_add(i * LEN), LEN, 0, mh);
+                assert!(!req.is_null(), "eager send {i} of {n} starts at once");
+                req
+            })
+            .collect();
+        let extra = isend_once(cx, sc, base.wrapping_add(n * LEN), LEN, 0, mh);
+        assert!(extra.is_null(), "send {} has no bounce slot left", n + 1);
+        assert_eq!(cx.net.wait(reqs[0])[0], LEN as i32);
+        let last = cx.net.isend(sc, base.wrapping_add(n * LEN), LEN, 0, mh);
+        for req in reqs.into_iter().skip(1).chain([last]) {
+            assert_eq!(cx.net.wait(req)[0], LEN as i32);
+        }
+        cx.net.dereg_mr(sc, mh);
+        cx.net.close_send(sc);
+    }
+}
+
+/// A peer without the eager path (`NCCL_NET_RS_EAGER_BYTES=0`, which is also what an older
+/// plugin's handshake says): small sends wait for their CTS in both directions of the mix, and
+/// the data arrives as before.
+fn a_peer_without_the_eager_path_gets_rendezvous_only(cx: &mut Cx) {
+    const LEN: usize = 8;
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        warm_up(cx, rc, 2);
+        std::thread::sleep(LATE);
+        recv_each(&cx.net, rc, &[(90, LEN), (91, 50_000)], 2);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        warm_up(cx, sc, 2);
+        let mut buf = pattern(90, LEN);
+        let mh = cx.net.reg_mr(sc, &mut buf);
+        let first = isend_once(cx, sc, buf.as_mut_ptr(), LEN, 2, mh);
+        assert!(
+            first.is_null(),
+            "no eager message to a peer that did not agree"
+        );
+        let req = cx.net.isend(sc, buf.as_mut_ptr(), LEN, 2, mh);
+        assert_eq!(cx.net.wait(req)[0], LEN as i32);
+        cx.net.dereg_mr(sc, mh);
+        send_each(&cx.net, sc, &[(91, 50_000)], 2);
+        cx.net.close_send(sc);
+    }
+}
+
+pub(crate) const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "eager/sends_start_before_the_receive_is_posted",
+        ranks: 2,
+        run: eager_sends_start_before_the_receive_is_posted,
+        env: &[],
+    },
+    Scenario {
+        name: "eager/grouped_receive_falls_back_to_rendezvous",
+        ranks: 2,
+        run: grouped_receive_after_eager_sends_falls_back_to_rendezvous,
+        env: &[],
+    },
+    Scenario {
+        name: "eager/cuda_typed_registrations_never_take_it",
+        ranks: 2,
+        run: cuda_typed_registrations_never_take_the_eager_path,
+        env: &[],
+    },
+    Scenario {
+        name: "eager/credits_run_out_after_a_ring_of_messages",
+        ranks: 2,
+        run: credits_run_out_after_a_ring_of_eager_messages,
+        env: &[],
+    },
+    Scenario {
+        name: "eager/receiver_without_it",
+        ranks: 2,
+        run: a_peer_without_the_eager_path_gets_rendezvous_only,
+        env: &[&[("NCCL_NET_RS_EAGER_BYTES", "0")], &[]],
+    },
+    Scenario {
+        name: "eager/sender_without_it",
+        ranks: 2,
+        run: a_peer_without_the_eager_path_gets_rendezvous_only,
+        env: &[&[], &[("NCCL_NET_RS_EAGER_BYTES", "0")]],
+    },
+    Scenario {
+        name: "eager/off_on_several_qps",
+        ranks: 2,
+        run: a_peer_without_the_eager_path_gets_rendezvous_only,
+        env: &[&[("NCCL_IB_QPS_PER_CONNECTION", "2")]],
+    },
+];
