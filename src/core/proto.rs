@@ -709,11 +709,15 @@ impl Rendezvous {
         self.matched[..self.cts.len()].iter().all(Option::is_some)
     }
 
+    /// The first unmatched entry with `tag`.
+    fn free_entry(&self, tag: i32) -> Option<usize> {
+        (0..self.cts.len()).find(|&i| self.matched[i].is_none() && self.cts[i].tag == tag)
+    }
+
     /// Match `buf` (request `req`) to the first unmatched entry with its tag, clamped to the
     /// entry's size; returns the entry and `(requested, delivered)` when truncated.
     fn take(&mut self, buf: SendBuf, req: usize) -> Option<(usize, Option<(u64, u64)>)> {
-        let entry = (0..self.cts.len())
-            .find(|&i| self.matched[i].is_none() && self.cts[i].tag == buf.tag)?;
+        let entry = self.free_entry(buf.tag)?;
         let capacity = self.cts[entry].size;
         let truncated = (buf.size > capacity).then_some((buf.size, capacity));
         let clamped = SendBuf {
@@ -945,11 +949,7 @@ impl SendSide {
     fn match_held(&mut self) -> Vec<Post> {
         let seq = self.next_seq;
         let slot = slot_of(seq);
-        let Some(SendSlot {
-            state: SlotState::Rendezvous(rendezvous),
-            ..
-        }) = self.slots[slot].as_mut()
-        else {
+        let Some(rendezvous) = rendezvous_at(&mut self.slots, seq) else {
             return Vec::new();
         };
         let mut k = 0;
@@ -1052,24 +1052,10 @@ impl SendSide {
     fn match_send(&mut self, buf: SendBuf) -> Option<Accepted> {
         let seq = self.next_seq;
         let slot = slot_of(seq);
-        let Some(SendSlot {
-            state: SlotState::Rendezvous(rendezvous),
-            ..
-        }) = self.slots[slot].as_mut()
-        else {
-            return None;
-        };
         // Peek first: a request is taken only for a send that matches.
-        (0..rendezvous.cts.len())
-            .find(|&i| rendezvous.matched[i].is_none() && rendezvous.cts[i].tag == buf.tag)?;
+        rendezvous_at(&mut self.slots, seq)?.free_entry(buf.tag)?;
         let req = self.take_request(seq)?;
-        let Some(SendSlot {
-            state: SlotState::Rendezvous(rendezvous),
-            ..
-        }) = self.slots[slot].as_mut()
-        else {
-            return None;
-        };
+        let rendezvous = rendezvous_at(&mut self.slots, seq)?;
         let (entry, truncated) = rendezvous.take(buf, req)?;
         let mut accepted = Accepted {
             req,
@@ -1233,6 +1219,17 @@ impl SendSide {
         };
         self.requests[req] = Request::Free;
         self.free_requests.push(req);
+    }
+}
+
+/// The captured CTS of message `seq`, in its slot.
+fn rendezvous_at(slots: &mut [Option<SendSlot>], seq: u64) -> Option<&mut Rendezvous> {
+    match slots[slot_of(seq)].as_mut() {
+        Some(SendSlot {
+            state: SlotState::Rendezvous(r),
+            ..
+        }) => Some(r),
+        _ => None,
     }
 }
 

@@ -897,6 +897,18 @@ fn a_grouped_receive_renumbers_the_eager_sends_and_stops_the_eager_path() {
     assert_delivered(&p, 30_000, 5, 8);
 }
 
+/// The end of both renumbering scenarios: receive `first` (tag 1) got `t1`'s 20 bytes from 100,
+/// receive `second` (tag 0) the held eager send `t0`'s 10 bytes from 0.
+fn assert_swapped(p: &mut Pair, (first, second): (usize, usize), (t0, t1): (usize, usize)) {
+    p.read_answers().unwrap();
+    p.deliver_all();
+    assert_eq!(p.received(first), Some(vec![20]));
+    assert_eq!(p.received(second), Some(vec![10]));
+    assert_delivered(p, 10_000, 100, 20);
+    assert_delivered(p, 20_000, 0, 10);
+    assert_eq!((p.sent(t0), p.sent(t1)), (Some(10), Some(20)));
+}
+
 #[test]
 fn a_receive_for_another_tag_renumbers_and_held_sends_keep_their_order() {
     let mut p = Pair::eager(EAGER, 0);
@@ -913,13 +925,7 @@ fn a_receive_for_another_tag_renumbers_and_held_sends_keep_their_order() {
         "a later tag-0 send waits behind the held one"
     );
     let t1 = p.isend(sbuf(100, 20, 1)).unwrap().unwrap();
-    p.read_answers().unwrap();
-    p.deliver_all();
-    assert_eq!(p.received(first), Some(vec![20]));
-    assert_eq!(p.received(second), Some(vec![10]));
-    assert_delivered(&p, 10_000, 100, 20);
-    assert_delivered(&p, 20_000, 0, 10);
-    assert_eq!((p.sent(t0.req), p.sent(t1.req)), (Some(10), Some(20)));
+    assert_swapped(&mut p, (first, second), (t0.req, t1.req));
 }
 
 #[test]
@@ -936,13 +942,7 @@ fn an_eager_message_landing_after_a_cts_for_another_tag_stops_the_receiver_too()
     let t1 = p.isend(sbuf(100, 20, 1)).unwrap().unwrap();
     assert!(!p.send.eager_active());
     let second = p.irecv(&[rbuf(20_000, 64, 0)]).unwrap();
-    p.read_answers().unwrap();
-    p.deliver_all();
-    assert_eq!(p.received(first), Some(vec![20]));
-    assert_eq!(p.received(second), Some(vec![10]));
-    assert_delivered(&p, 10_000, 100, 20);
-    assert_delivered(&p, 20_000, 0, 10);
-    assert_eq!((p.sent(t0.req), p.sent(t1.req)), (Some(10), Some(20)));
+    assert_swapped(&mut p, (first, second), (t0.req, t1.req));
 }
 
 #[test]

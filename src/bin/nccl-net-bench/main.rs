@@ -349,14 +349,36 @@ impl Endpoint {
 
     /// Ping-pong: rank 0 pings, rank 1 answers; returns rank 0's mean one-way latency in µs.
     /// Each side keeps its next receive posted ahead (as NCCL keeps receives posted for the
-    /// coming steps), so the clear-to-send travels while the previous message is in flight.
-    fn ping_pong(&mut self, rank0: bool, size: usize, iters: usize) -> Result<f64, String> {
+    /// coming steps), so the clear-to-send travels while the previous message is in flight;
+    /// with `late` (`--recv-late`) each side posts a receive only when it awaits that message:
+    /// rank 0 right after its ping, rank 1 at the start of each round.
+    fn ping_pong(
+        &mut self,
+        rank0: bool,
+        size: usize,
+        iters: usize,
+        late: bool,
+    ) -> Result<f64, String> {
         let d = deadline();
         let (net, sc, rc, smh, rmh) = (&self.net, self.sc, self.rc, self.smh, self.rmh);
         let (sp, rp) = (self.sbuf.as_mut_ptr(), self.rbuf.as_mut_ptr());
         let post_recv =
             || net.until_started("irecv", d, || net.irecv_step(rc, &[(rp, size, 1, rmh)]));
         let send = || net.until_started("isend", d, || net.isend_step(sc, sp, size, 1, smh));
+        if late {
+            let start = Instant::now();
+            for _ in 0..iters {
+                if rank0 {
+                    let s = send()?;
+                    net.wait(post_recv()?, d)?;
+                    net.wait(s, d)?;
+                } else {
+                    net.wait(post_recv()?, d)?;
+                    net.wait(send()?, d)?;
+                }
+            }
+            return Ok(start.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0);
+        }
         let mut posted: std::collections::VecDeque<Ptr> = [post_recv()?, post_recv()?].into();
         let mut sends: std::collections::VecDeque<Ptr> = std::collections::VecDeque::new();
         let start = Instant::now();
@@ -384,32 +406,6 @@ impl Endpoint {
             net.wait(r, d)?;
         }
         Ok(elapsed.as_secs_f64() * 1e6 / iters as f64 / 2.0)
-    }
-
-    /// Ping-pong with late receives (`--recv-late`): rank 0 pings, then posts the receive of
-    /// the answer; rank 1 posts each receive only once its previous answer went out.
-    fn ping_pong_late(&mut self, rank0: bool, size: usize, iters: usize) -> Result<f64, String> {
-        let d = deadline();
-        let (net, sc, rc, smh, rmh) = (&self.net, self.sc, self.rc, self.smh, self.rmh);
-        let (sp, rp) = (self.sbuf.as_mut_ptr(), self.rbuf.as_mut_ptr());
-        let post_recv =
-            || net.until_started("irecv", d, || net.irecv_step(rc, &[(rp, size, 1, rmh)]));
-        let send = || net.until_started("isend", d, || net.isend_step(sc, sp, size, 1, smh));
-        let start = Instant::now();
-        for _ in 0..iters {
-            if rank0 {
-                let s = send()?;
-                let r = post_recv()?;
-                net.wait(r, d)?;
-                net.wait(s, d)?;
-            } else {
-                let r = post_recv()?;
-                net.wait(r, d)?;
-                let s = send()?;
-                net.wait(s, d)?;
-            }
-        }
-        Ok(start.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0)
     }
 }
 
@@ -449,11 +445,7 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
         let seconds = t0.elapsed().as_secs_f64();
         let cpu = cpu_seconds() - cpu0;
         ctl.barrier()?;
-        let lat_us = if o.recv_late {
-            ep.ping_pong_late(rank0, size, lat_iters(o, size))?
-        } else {
-            ep.ping_pong(rank0, size, lat_iters(o, size))?
-        };
+        let lat_us = ep.ping_pong(rank0, size, lat_iters(o, size), o.recv_late)?;
         if rank0 {
             let cpu_recv = ctl.recv_f64()?;
             let recv_ok = ctl.recv::<1>()?[0] == 1;
