@@ -208,7 +208,7 @@ fn memlock_lowered_with_ulimit_fails() {
         "FAIL",
         "memlock",
         "process",
-        "locked-memory limit 8 MiB < 260 MiB needed for 32 connections",
+        "locked-memory limit 8 MiB < 265 MiB needed for 32 connections",
     );
 }
 

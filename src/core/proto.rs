@@ -204,7 +204,8 @@ pub struct CtsPost {
 pub struct RecvDone {
     /// Buffers in the request.
     pub n: usize,
-    /// The sizes are in the sizes ring ([`uses_sizes_ring`]); otherwise `imm_sum` is the size.
+    /// The sizes are in the sizes ring ([`Layout::uses_sizes_ring`]); otherwise `imm_sum` is the
+    /// size.
     pub ringed: bool,
     /// Sum of the immediates: the received size of a single buffer not `ringed`.
     pub imm_sum: u64,
