@@ -14,6 +14,9 @@
 //! [`Layout::qps_for`]`(seq, capacity)`, where both sides know the capacity from the CTS; completions on one QP arrive in posting order, so each side keeps,
 //! per QP, the queue of messages whose completion it expects next.
 //!
+//! A small send from host memory may go before its CTS, eagerly, into the receiver's bounce
+//! ring; [`super::eager`] gives the rules, [`SendSide`] and [`RecvSide`] keep both paths.
+//!
 //! Nothing here touches memory, verbs or the clock: addresses and keys are plain numbers.
 
 use std::collections::VecDeque;

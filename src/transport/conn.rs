@@ -23,6 +23,15 @@ pub(super) const SIZES_SLOT_BYTES: usize = MAX_RECVS * 8;
 /// Bytes of the sizes ring.
 pub(super) const SIZES_RING_BYTES: usize = SLOTS * SIZES_SLOT_BYTES;
 
+/// How a connection's eager path came out of the handshake, for its debug line.
+pub(super) fn describe_eager(eager_bytes: u64) -> String {
+    if eager_bytes == 0 {
+        "no eager messages".into()
+    } else {
+        format!("eager messages up to {eager_bytes} bytes")
+    }
+}
+
 /// Bytes of the sender's staging region: a sizes slot and an eager header per message slot.
 pub(super) const STAGING_BYTES: usize = SIZES_RING_BYTES + SLOTS * eager::HEADER_BYTES;
 

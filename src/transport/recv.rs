@@ -9,7 +9,8 @@ use parking_lot::Mutex;
 use super::conn::{
     CTS_RING_BYTES, CTS_SIGNAL_EVERY, Failure, Nonces, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES,
     SIZES_SLOT_BYTES, WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, check_alive,
-    check_peer, completion_error, describe_local, describe_remote, local_hello, path_params,
+    check_peer, completion_error, describe_eager, describe_local, describe_remote, local_hello,
+    path_params,
 };
 use super::mr::MrHandle;
 use super::watch::Watched;
@@ -447,14 +448,5 @@ impl RecvComm {
             _ => Ok(()),
         };
         handled.map_err(|e| st.failed.record(e))
-    }
-}
-
-/// How a connection's eager path came out of the handshake, for its debug line.
-pub(super) fn describe_eager(eager_bytes: u64) -> String {
-    if eager_bytes == 0 {
-        "no eager messages".into()
-    } else {
-        format!("eager messages up to {eager_bytes} bytes")
     }
 }

@@ -11,11 +11,10 @@ use super::DeviceContext;
 use super::conn::{
     CTS_RING_BYTES, Failure, Nonces, QpSet, SEND_QP_CAPS, SIZES_RING_BYTES, SIZES_SLOT_BYTES,
     STAGING_BYTES, WR_DATA, WR_INDEX_MASK, WR_SEND_DONE, agreed_eager_bytes, check_alive,
-    check_peer, completion_error, connection_qps, describe_local, describe_remote, local_hello,
-    random_u64,
+    check_peer, completion_error, connection_qps, describe_eager, describe_local, describe_remote,
+    local_hello, random_u64,
 };
 use super::mr::MrHandle;
-use super::recv::describe_eager;
 use super::watch::Watched;
 use super::wire_io::HandshakeStream;
 use crate::core::config::Traffic;
