@@ -825,6 +825,12 @@ impl SendSide {
         self.spare_posts = posts;
     }
 
+    /// Whether sends wait on the CTS ring for more than the next `isend`: eager messages for
+    /// their answers, held sends for their CTS. `test` then reads the ring too.
+    pub fn waits_on_ring(&self) -> bool {
+        !self.awaiting.is_empty() || !self.held.is_empty()
+    }
+
     /// `Some((seq, slot))`: the glue should read that CTS ring slot and, once its entries
     /// carry `seq + 1`, pass them to [`Self::handle_cts`]. The oldest eager message's answer
     /// comes first; otherwise the next message's CTS, when its slot is free.
@@ -839,12 +845,10 @@ impl SendSide {
     /// Take the entries the glue read for [`Self::wants_cts`]'s message (all `nreqs` of them,
     /// or the one acknowledgement of an eager message). Returns posts to make now: a refused
     /// eager message written again by rendezvous, or held sends that completed a message.
-    /// `Ok(None)`: the entries are the plain CTS of a message sent eagerly, not its answer yet;
-    /// read the slot again later.
     ///
     /// # Errors
     /// `Remote` when the entries are inconsistent (the receiver broke the protocol).
-    pub fn handle_cts(&mut self, mut entries: Group<Cts>) -> Result<Option<Vec<Post>>> {
+    pub fn handle_cts(&mut self, mut entries: Group<Cts>) -> Result<Vec<Post>> {
         if let Some(&seq) = self.awaiting.front() {
             return self.answer(seq, entries);
         }
@@ -861,13 +865,13 @@ impl SendSide {
             seq,
             state: SlotState::Rendezvous(Rendezvous::new(entries)),
         });
-        Ok(Some(self.match_held()))
+        Ok(self.match_held())
     }
 
     /// The receiver's answer to eager message `seq`: an acknowledgement (it copied the message),
     /// or the CTS of its receive: one that promises the copy, one that refuses it (the message
     /// goes again by rendezvous), or one for another shape or tag (renumbering).
-    fn answer(&mut self, seq: u64, mut entries: Group<Cts>) -> Result<Option<Vec<Post>>> {
+    fn answer(&mut self, seq: u64, mut entries: Group<Cts>) -> Result<Vec<Post>> {
         let slot = slot_of(seq);
         let Some(SendSlot {
             state: SlotState::Eager { req, buf, sent, .. },
@@ -884,7 +888,7 @@ impl SendSide {
             check_cts(seq, &entries)?;
             let same = entries.len() == 1 && entries[0].tag == buf.tag;
             if !same {
-                return Ok(Some(self.renumber(seq, entries)));
+                return Ok(self.renumber(seq, entries));
             }
             // The same message either way: copied on arrival as promised, or written again by
             // rendezvous into the buffer (in GPU memory) from the one NCCL still holds for us.
@@ -910,7 +914,7 @@ impl SendSide {
                     sent,
                 },
             });
-            return Ok(Some(Vec::new()));
+            return Ok(Vec::new());
         }
         self.expected_tag = None;
         self.strays[slot] += u32::from(!sent);
@@ -920,7 +924,7 @@ impl SendSide {
             seq,
             state: SlotState::Rendezvous(rendezvous),
         });
-        Ok(Some(self.layout_posts(slot)))
+        Ok(self.layout_posts(slot))
     }
 
     /// The receive of message `seq` is grouped or waits for another tag: the messages from `seq`

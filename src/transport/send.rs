@@ -331,10 +331,6 @@ impl SendComm {
                 .proto
                 .handle_cts(entries)
                 .map_err(|e| st.failed.record(e))?;
-            // A plain CTS where an eager message's answer belongs: the answer comes later.
-            let Some(posts) = posts else {
-                return Ok(());
-            };
             if !posts.is_empty() {
                 let posted = self.post(&posts);
                 st.proto.recycle(posts);
@@ -353,8 +349,10 @@ impl SendComm {
         st.failed.check()?;
         if st.proto.poll_done(index).is_none() {
             self.progress(&mut st)?;
-            // An eager message completes with its acknowledgement in the CTS ring.
-            self.read_answers(&mut st)?;
+            if st.proto.waits_on_ring() {
+                // An eager message completes with its answer in the CTS ring.
+                self.read_answers(&mut st)?;
+            }
         }
         let done = st.proto.poll_done(index);
         if done.is_some() {
@@ -370,9 +368,8 @@ impl SendComm {
         check_alive(&self.ctx, self.link.as_ref(), "receive comm")
     }
 
-    /// The ring slot's entries once all of them carry `seq + 1` and the first entry's count
-    /// (a refusal rewrites a CTS with a flag in the count); one entry with count 0 is the
-    /// acknowledgement of an eager message.
+    /// The ring slot's entries once all of them carry `seq + 1` (the count may carry the
+    /// refusal flag); one entry with count 0 is the acknowledgement of an eager message.
     fn read_cts(&self, seq: u64, slot: usize) -> Result<Option<Group<Cts>>> {
         let base = slot * MAX_RECVS * Cts::LEN;
         let want = seq + 1;
@@ -394,10 +391,10 @@ impl SendComm {
         }
         let mut entries = [first; MAX_RECVS];
         for (i, e) in entries.iter_mut().enumerate().take(n).skip(1) {
-            match entry(i) {
-                Some(cts) if cts.nreqs == first.nreqs => *e = cts,
-                _ => return Ok(None),
-            }
+            let Some(cts) = entry(i) else {
+                return Ok(None);
+            };
+            *e = cts;
         }
         Ok(Some(entries.into_iter().take(n.max(1)).collect()))
     }
