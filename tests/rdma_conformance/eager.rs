@@ -30,16 +30,43 @@ fn warm_up(cx: &Cx, comm: *mut c_void, tag: i32) {
     }
 }
 
-/// Post `size` bytes once: the request, or NULL (retry later).
-fn isend_once(
-    cx: &Cx,
+/// One send on `sc`: `size` bytes at `data`, registered under `mh`, for `tag`.
+#[derive(Copy, Clone)]
+struct Send {
     sc: *mut c_void,
-    buf: *mut u8,
+    data: *mut u8,
     size: usize,
     tag: i32,
     mh: *mut c_void,
-) -> *mut c_void {
-    cx.net.isend_step(sc, buf, size, tag, mh).unwrap()
+}
+
+impl Send {
+    /// Post once: the request, or NULL (retry later).
+    fn once(&self, cx: &Cx) -> *mut c_void {
+        let Self {
+            sc,
+            data,
+            size,
+            tag,
+            mh,
+        } = *self;
+        cx.net.isend_step(sc, data, size, tag, mh).unwrap()
+    }
+
+    /// Post a send that must start at once, without its CTS (`what` names it on failure).
+    fn eagerly(&self, cx: &Cx, what: &str) -> *mut c_void {
+        let req = self.once(cx);
+        assert!(!req.is_null(), "{what} starts without its CTS");
+        req
+    }
+
+    /// Post a send that must wait for its CTS: NULL at the first call, then retried until it
+    /// starts.
+    fn after_its_cts(&self, cx: &Cx, what: &str) -> *mut c_void {
+        assert!(self.once(cx).is_null(), "{what} waits for its CTS");
+        cx.net
+            .isend(self.sc, self.data, self.size, self.tag, self.mh)
+    }
 }
 
 /// Sizes around the threshold: the eager ones start at once, the first one over waits for its
@@ -93,14 +120,19 @@ fn eager_sends_start_before_the_receive_is_posted(cx: &mut Cx) {
         let mhs: Vec<*mut c_void> = bufs.iter_mut().map(|b| cx.net.reg_mr(sc, b)).collect();
         let mut reqs = Vec::new();
         for (i, &(_, size)) in msgs.iter().enumerate() {
-            let req = isend_once(cx, sc, bufs[i].as_mut_ptr(), size, 3, mhs[i]);
-            if size <= THRESHOLD {
-                assert!(!req.is_null(), "the {size}-byte send starts without a CTS");
-                reqs.push(req);
+            let send = Send {
+                sc,
+                data: bufs[i].as_mut_ptr(),
+                size,
+                tag: 3,
+                mh: mhs[i],
+            };
+            let what = format!("the {size}-byte send");
+            reqs.push(if size <= THRESHOLD {
+                send.eagerly(cx, &what)
             } else {
-                assert!(req.is_null(), "the {size}-byte send waits for its CTS");
-                reqs.push(cx.net.isend(sc, bufs[i].as_mut_ptr(), size, 3, mhs[i]));
-            }
+                send.after_its_cts(cx, &what)
+            });
         }
         for (req, &(_, size)) in reqs.into_iter().zip(&msgs) {
             assert_eq!(cx.net.wait(req)[0], size as i32, "sender's size of {size}");
@@ -149,9 +181,14 @@ fn grouped_receive_after_eager_sends_falls_back_to_rendezvous(cx: &mut Cx) {
         let mhs: Vec<*mut c_void> = bufs.iter_mut().map(|b| cx.net.reg_mr(sc, b)).collect();
         let reqs: Vec<*mut c_void> = (0..4)
             .map(|i| {
-                let req = isend_once(cx, sc, bufs[i].as_mut_ptr(), size_of(i), 0, mhs[i]);
-                assert!(!req.is_null(), "send {i} starts eagerly");
-                req
+                let send = Send {
+                    sc,
+                    data: bufs[i].as_mut_ptr(),
+                    size: size_of(i),
+                    tag: 0,
+                    mh: mhs[i],
+                };
+                send.eagerly(cx, &format!("send {i}"))
             })
             .collect();
         for (i, req) in reqs.into_iter().enumerate() {
@@ -162,9 +199,14 @@ fn grouped_receive_after_eager_sends_falls_back_to_rendezvous(cx: &mut Cx) {
         }
         let mut small = pattern(70, 8);
         let mh = cx.net.reg_mr(sc, &mut small);
-        let first = isend_once(cx, sc, small.as_mut_ptr(), 8, 0, mh);
-        assert!(first.is_null(), "no eager message after a grouped receive");
-        let req = cx.net.isend(sc, small.as_mut_ptr(), 8, 0, mh);
+        let send = Send {
+            sc,
+            data: small.as_mut_ptr(),
+            size: 8,
+            tag: 0,
+            mh,
+        };
+        let req = send.after_its_cts(cx, "a small send after a grouped receive");
         assert_eq!(cx.net.wait(req)[0], 8);
         cx.net.dereg_mr(sc, mh);
         send_each(&cx.net, sc, &[(71, 100_000)], 0);
@@ -212,17 +254,26 @@ fn cuda_typed_registrations_never_take_the_eager_path(cx: &mut Cx) {
             .0
             .reg_mr_raw(sc, gpu.as_mut_ptr().cast(), LEN, NCCL_PTR_CUDA)
             .unwrap();
-        let first = isend_once(cx, sc, gpu.as_mut_ptr(), LEN, 1, gmh);
-        assert!(first.is_null(), "a CUDA-typed send waits for its CTS");
-        let req = cx.net.isend(sc, gpu.as_mut_ptr(), LEN, 1, gmh);
+        let send = Send {
+            sc,
+            data: gpu.as_mut_ptr(),
+            size: LEN,
+            tag: 1,
+            mh: gmh,
+        };
+        let req = send.after_its_cts(cx, "a CUDA-typed send");
         assert_eq!(cx.net.wait(req)[0], LEN as i32);
         // The receiver posts message 1 a while after message 0: it goes before its CTS, and
         // the receiver refuses to copy it into its CUDA-typed buffer (the sender writes it
         // again by rendezvous while it waits for the request).
         let mut host = pattern(81, LEN);
         let hmh = cx.net.reg_mr(sc, &mut host);
-        let req = isend_once(cx, sc, host.as_mut_ptr(), LEN, 1, hmh);
-        assert!(!req.is_null(), "the host-memory send starts eagerly");
+        let send = Send {
+            data: host.as_mut_ptr(),
+            mh: hmh,
+            ..send
+        };
+        let req = send.eagerly(cx, "the host-memory send");
         assert_eq!(cx.net.wait(req)[0], LEN as i32);
         cx.net.dereg_mr(sc, gmh);
         cx.net.dereg_mr(sc, hmh);
@@ -248,17 +299,20 @@ fn credits_run_out_after_a_ring_of_eager_messages(cx: &mut Cx) {
         let mut buf: Vec<u8> = (0..=n).flat_map(|i| pattern(200 + i as u64, LEN)).collect();
         let mh = cx.net.reg_mr(sc, &mut buf);
         let base = buf.as_mut_ptr();
+        let send = |i: usize| Send {
+            sc,
+            data: base.wrapping_add(i * LEN),
+            size: LEN,
+            tag: 0,
+            mh,
+        };
         let reqs: Vec<*mut c_void> = (0..n)
-            .map(|i| {
-                let req = isend_once(cx, sc, base.wrapping_add(i * LEN), LEN, 0, mh);
-                assert!(!req.is_null(), "eager send {i} of {n} starts at once");
-                req
-            })
+            .map(|i| send(i).eagerly(cx, &format!("eager send {i} of {n}")))
             .collect();
-        let extra = isend_once(cx, sc, base.wrapping_add(n * LEN), LEN, 0, mh);
+        let extra = send(n).once(cx);
         assert!(extra.is_null(), "send {} has no bounce slot left", n + 1);
         assert_eq!(cx.net.wait(reqs[0])[0], LEN as i32);
-        let last = cx.net.isend(sc, base.wrapping_add(n * LEN), LEN, 0, mh);
+        let last = cx.net.isend(sc, send(n).data, LEN, 0, mh);
         for req in reqs.into_iter().skip(1).chain([last]) {
             assert_eq!(cx.net.wait(req)[0], LEN as i32);
         }
@@ -283,12 +337,14 @@ fn a_peer_without_the_eager_path_gets_rendezvous_only(cx: &mut Cx) {
         warm_up(cx, sc, 2);
         let mut buf = pattern(90, LEN);
         let mh = cx.net.reg_mr(sc, &mut buf);
-        let first = isend_once(cx, sc, buf.as_mut_ptr(), LEN, 2, mh);
-        assert!(
-            first.is_null(),
-            "no eager message to a peer that did not agree"
-        );
-        let req = cx.net.isend(sc, buf.as_mut_ptr(), LEN, 2, mh);
+        let send = Send {
+            sc,
+            data: buf.as_mut_ptr(),
+            size: LEN,
+            tag: 2,
+            mh,
+        };
+        let req = send.after_its_cts(cx, "a send to a peer that did not agree on eager messages");
         assert_eq!(cx.net.wait(req)[0], LEN as i32);
         cx.net.dereg_mr(sc, mh);
         send_each(&cx.net, sc, &[(91, 50_000)], 2);
