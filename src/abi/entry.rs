@@ -26,7 +26,17 @@ use crate::transport::{Connecting, ListenComm};
 
 /// Run one NCCL entry point: catch panics, map errors once, log once.
 pub(super) fn entry(op: &'static str, body: impl FnOnce() -> Result<()>) -> ncclResult_t {
-    let outcome = catch_unwind(AssertUnwindSafe(|| log::scoped(body)));
+    match catch_unwind(AssertUnwindSafe(|| log::scoped(body))) {
+        Ok(Ok(())) => ncclSuccess,
+        failed => report(op, failed),
+    }
+}
+
+/// The code and log line of an entry point that failed or panicked. Out of line: `test` runs
+/// through `entry` on every poll, and the success path should carry none of this.
+#[cold]
+#[inline(never)]
+fn report(op: &'static str, outcome: std::thread::Result<Result<()>>) -> ncclResult_t {
     let code = match &outcome {
         Ok(Ok(())) => return ncclSuccess,
         Ok(Err(e)) => to_nccl(e.kind()),
@@ -420,9 +430,20 @@ pub(super) unsafe fn irecv(
             let mr = unsafe { handles::mr(mhandles[i]) }?;
             mr.recv_buf(data[i] as u64, sizes[i], tags[i])
         };
-        let bufs = (0..n).map(buf).collect::<Result<Group<_>>>()?;
+        // A single receive, NCCL's usual case, builds no group of eight.
+        let (single, mut group);
+        let bufs: &[_] = if n == 1 {
+            single = [buf(0)?];
+            &single
+        } else {
+            group = Group::default();
+            for i in 0..n {
+                group.push(buf(i)?);
+            }
+            &group
+        };
         // SAFETY: NCCL keeps the buffers writable until test() reports this request done.
-        let started = unsafe { comm.comm.irecv(&bufs) }?;
+        let started = unsafe { comm.comm.irecv(bufs) }?;
         out.write(started.map_or(ptr::null_mut(), |i| comm.request(i)));
         Ok(())
     })

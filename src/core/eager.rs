@@ -10,10 +10,10 @@
 //! - its receive was posted after the message landed: an acknowledgement ([`ack`]) once the
 //!   message was copied into the posted buffer;
 //! - its receive was posted first: the receive's CTS. A plain CTS of a single receive promises
-//!   the copy of an eager message with its tag; a CTS flagged [`REFUSED`] ([`refusal`]: a
-//!   receive in GPU memory, or a grouped one) makes the sender write the message again by
-//!   rendezvous. The receiver flags every CTS that would not take a copy, since it cannot know
-//!   whether an eager message is on its way.
+//!   the copy of an eager message with its tag; a CTS flagged [`REFUSED`] (a receive in GPU
+//!   memory, or a grouped one) makes the sender write the message again by rendezvous. The
+//!   receiver flags every CTS that would not take a copy, since it cannot know whether an
+//!   eager message is on its way.
 //!
 //! So no answer costs an extra write, and a send that went eagerly into a legal receive needs
 //! nothing more from the sender's side to be delivered. A grouped receive or a receive for
@@ -26,7 +26,6 @@
 //! ordered queue, so an eager message always reaches the receiver before the rendezvous write
 //! of the same message, and before any later eager message.
 
-use super::group::Group;
 use super::proto::SLOTS;
 use super::wire::Cts;
 
@@ -117,14 +116,6 @@ pub fn header(seq: u64, tag: i32) -> [u8; HEADER_BYTES] {
 /// Flag in a CTS entry's `nreqs`: this receive takes no eager copy; a message sent eagerly is
 /// written again by rendezvous into these buffers (a message that was not is sent as usual).
 pub const REFUSED: u32 = 1 << 31;
-
-/// `cts` (a receive's entries) flagged [`REFUSED`].
-pub fn refusal(mut cts: Group<Cts>) -> Group<Cts> {
-    for e in cts.iter_mut() {
-        e.nreqs |= REFUSED;
-    }
-    cts
-}
 
 /// The acknowledgement of eager message `seq`, written where its CTS would go: `nreqs` 0 and
 /// the bytes the receiver kept in `size`.

@@ -20,6 +20,22 @@ impl<T: Copy + Default> Group<T> {
     }
 }
 
+impl<T> Group<T> {
+    /// Empty it (the items stay in place, unused).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Append `item`; a full group stays as it is (as with `collect`, every caller has checked
+    /// the request's `n` against [`MAX_RECVS`] already).
+    pub fn push(&mut self, item: T) {
+        if let Some(slot) = self.items.get_mut(self.len) {
+            *slot = item;
+            self.len += 1;
+        }
+    }
+}
+
 impl<T: Copy + Default> Default for Group<T> {
     /// The empty group.
     fn default() -> Self {
@@ -36,8 +52,7 @@ impl<T: Copy + Default> FromIterator<T> for Group<T> {
             len: 0,
         };
         for item in iter.into_iter().take(MAX_RECVS) {
-            group.items[group.len] = item;
-            group.len += 1;
+            group.push(item);
         }
         group
     }
@@ -92,6 +107,16 @@ mod tests {
         assert_eq!(full.last(), Some(&(MAX_RECVS as u64 - 1)));
         let empty: Group<u64> = std::iter::empty().collect();
         assert!(empty.is_empty());
+        let mut pushed = full;
+        pushed.push(99);
+        assert_eq!(pushed, full, "a full group ignores a push");
+        let mut grown = g;
+        grown.push(4);
+        assert_eq!(&*grown, &[1, 2, 3, 4]);
+        grown.clear();
+        assert!(grown.is_empty());
+        grown.push(5);
+        assert_eq!(&*grown, &[5]);
         assert_eq!(format!("{g:?}"), "[1, 2, 3]");
     }
 }

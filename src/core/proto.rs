@@ -116,12 +116,12 @@ impl Layout {
 
     /// The local member QP `qp` lives on.
     pub fn local_member(&self, qp: usize) -> usize {
-        qp % self.local_members
+        member_of(qp, self.local_members)
     }
 
     /// The peer's member QP `qp` is connected to.
     pub fn remote_member(&self, qp: usize) -> usize {
-        qp % self.remote_members
+        member_of(qp, self.remote_members)
     }
 
     /// The QPs message `seq`, whose receive buffers hold `capacity` bytes, uses, in order.
@@ -154,6 +154,13 @@ impl Layout {
 /// receiver from its buffers and the sender from the CTS entries, so they pick the same QPs.
 fn capacity(sizes: impl Iterator<Item = u64>) -> u64 {
     sizes.fold(0, u64::saturating_add)
+}
+
+/// `qp % members`, without the division for a single member (every connection of an unfused
+/// device): the data path asks for every message's keys, and a division costs tens of cycles
+/// (a helper call under emulation).
+fn member_of(qp: usize, members: usize) -> usize {
+    if members == 1 { 0 } else { qp % members }
 }
 
 fn slot_of(seq: u64) -> usize {
@@ -196,10 +203,59 @@ pub struct CtsPost {
     pub recvs: std::ops::Range<usize>,
     /// The QP the answer is written on.
     pub qp: usize,
-    /// The entries: one per buffer, or one eager acknowledgement.
-    pub entries: Group<Cts>,
+    /// What the entries say; [`Self::entries`] spells them out.
+    pub answer: Answer,
     /// Copy this first, when the message arrived eagerly and the receive can take it.
     pub copy: Option<EagerCopy>,
+}
+
+/// The receiver's answer to a message, as it goes into the sender's CTS ring.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// One CTS entry per buffer of the receive.
+    Cts {
+        /// The message.
+        seq: u64,
+        /// Flagged [`eager::REFUSED`]: an eager copy of this message is not taken, the sender
+        /// writes it by rendezvous.
+        refused: bool,
+    },
+    /// The one entry that acknowledges an eager message copied into the receive.
+    Ack {
+        /// The message.
+        seq: u64,
+        /// Bytes copied.
+        delivered: u64,
+    },
+}
+
+impl CtsPost {
+    /// The entries to write into the ring slot, from the buffers the receive was posted with.
+    /// Described rather than carried: eight 64-byte entries would be built and moved on every
+    /// `irecv` for the one a single receive writes.
+    pub fn entries<'a>(&self, bufs: &'a [RecvBuf]) -> impl Iterator<Item = Cts> + 'a {
+        let answer = self.answer;
+        let n = match answer {
+            Answer::Cts { .. } => bufs.len(),
+            Answer::Ack { .. } => 1,
+        };
+        let nreqs = u32::try_from(bufs.len()).unwrap_or(0);
+        bufs.iter().take(n).map(move |b| match answer {
+            Answer::Cts { seq, refused } => Cts {
+                addr: b.addr,
+                size: b.size,
+                rkeys: b.rkeys,
+                tag: b.tag,
+                nreqs: if refused {
+                    nreqs | eager::REFUSED
+                } else {
+                    nreqs
+                },
+                seq_plus_one: seq + 1,
+            },
+            Answer::Ack { seq, delivered } => eager::ack(seq, delivered),
+        })
+    }
 }
 
 /// A completed receive, as `test` reports it.
@@ -410,18 +466,6 @@ impl RecvSide {
         }
         let capacity = capacity(bufs.iter().map(|b| b.size));
         let qps = self.layout.qps_for(seq, capacity);
-        let nreqs = u32::try_from(bufs.len()).unwrap_or(0);
-        let cts: Group<Cts> = bufs
-            .iter()
-            .map(|b| Cts {
-                addr: b.addr,
-                size: b.size,
-                rkeys: b.rkeys,
-                tag: b.tag,
-                nreqs,
-                seq_plus_one: seq + 1,
-            })
-            .collect();
         let single = (bufs.len() == 1).then(|| bufs[0]);
         let promised = single.is_some_and(|b| b.host) && self.copies(seq);
         if bufs.len() > 1 {
@@ -429,7 +473,6 @@ impl RecvSide {
             self.stop_at(seq);
         }
         let arrival = self.arrivals[slot].take().filter(|a| a.seq == seq);
-        let mut entries = cts;
         if let Some(a) = arrival {
             if let Some(b) = single
                 && b.host
@@ -457,7 +500,10 @@ impl RecvSide {
                         slot,
                         recvs: qps.start..qps.start,
                         qp: qps.start,
-                        entries: Group::one(eager::ack(seq, len)),
+                        answer: Answer::Ack {
+                            seq,
+                            delivered: len,
+                        },
                         copy: Some(copy),
                     },
                 )));
@@ -465,11 +511,10 @@ impl RecvSide {
             if single.is_some_and(|b| b.tag != a.tag) {
                 self.stop_at(seq);
             }
-            entries = eager::refusal(cts);
-        } else if self.layout.eager_bytes > 0 && !promised {
-            // The sender may have sent this message eagerly already: it is not copied here.
-            entries = eager::refusal(cts);
         }
+        // A message that arrived eagerly and was not copied above, or one the sender may have
+        // sent eagerly already and that is not copied here, goes again by rendezvous.
+        let refused = arrival.is_some() || (self.layout.eager_bytes > 0 && !promised);
         for q in qps.clone() {
             self.expected[q].push_back(seq);
         }
@@ -488,7 +533,7 @@ impl RecvSide {
                 slot,
                 qp: qps.start,
                 recvs: qps,
-                entries,
+                answer: Answer::Cts { seq, refused },
                 copy: None,
             },
         )))
@@ -686,8 +731,9 @@ pub struct Accepted {
 /// renumbering holds back (one per slot).
 pub const SEND_REQUESTS: usize = SLOTS * (MAX_RECVS + 1);
 
-/// A message whose CTS the sender captured.
-#[derive(Copy, Clone, Debug)]
+/// A message whose CTS the sender captured. One per slot, reused: a message's CTS is copied
+/// into its slot's in place, never built and moved (over 1 KiB with eight entries).
+#[derive(Copy, Clone, Debug, Default)]
 struct Rendezvous {
     cts: Group<Cts>,
     /// The send matched to each entry, with its request (the first `cts.len()` are used).
@@ -699,14 +745,16 @@ struct Rendezvous {
 }
 
 impl Rendezvous {
-    fn new(cts: Group<Cts>) -> Self {
-        Self {
-            cts,
-            matched: [None; MAX_RECVS],
-            tested: [false; MAX_RECVS],
-            pending: 0,
-            posted: false,
+    /// Start over for the message whose CTS entries are `cts`.
+    fn reset(&mut self, cts: &[Cts]) {
+        self.cts.clear();
+        for c in cts {
+            self.cts.push(*c);
         }
+        self.matched = [None; MAX_RECVS];
+        self.tested = [false; MAX_RECVS];
+        self.pending = 0;
+        self.posted = false;
     }
 
     fn all_matched(&self) -> bool {
@@ -733,8 +781,6 @@ impl Rendezvous {
     }
 }
 
-// The slots are a fixed vector built once: boxing the larger variant would allocate per message.
-#[allow(clippy::large_enum_variant)]
 #[derive(Copy, Clone, Debug)]
 enum SlotState {
     /// Sent eagerly; `delivered` once the receiver acknowledged it or promised the copy,
@@ -745,7 +791,8 @@ enum SlotState {
         delivered: Option<u64>,
         sent: bool,
     },
-    Rendezvous(Rendezvous),
+    /// By rendezvous: the slot's [`Rendezvous`] holds its CTS and matched sends.
+    Rendezvous,
 }
 
 #[derive(Copy, Clone, Debug)]
@@ -771,6 +818,8 @@ pub struct SendSide {
     /// The message the next send joins.
     next_seq: u64,
     slots: Vec<Option<SendSlot>>,
+    /// Per slot, the CTS and matched sends of the message in it while it goes by rendezvous.
+    rendezvous: Vec<Rendezvous>,
     requests: Vec<Request>,
     free_requests: Vec<usize>,
     /// Eager messages whose answer has not been read, oldest first.
@@ -799,6 +848,7 @@ impl SendSide {
             layout,
             next_seq: 0,
             slots: vec![None; SLOTS],
+            rendezvous: vec![Rendezvous::default(); SLOTS],
             requests: vec![Request::Free; SEND_REQUESTS],
             free_requests: (0..SEND_REQUESTS).rev().collect(),
             awaiting: VecDeque::with_capacity(SLOTS),
@@ -848,30 +898,27 @@ impl SendSide {
     ///
     /// # Errors
     /// `Remote` when the entries are inconsistent (the receiver broke the protocol).
-    pub fn handle_cts(&mut self, mut entries: Group<Cts>) -> Result<Vec<Post>> {
+    pub fn handle_cts(&mut self, entries: &[Cts]) -> Result<Vec<Post>> {
         if let Some(&seq) = self.awaiting.front() {
             return self.answer(seq, entries);
         }
         let seq = self.next_seq;
-        let refusing = strip_refusal(&mut entries);
-        check_cts(seq, &entries)?;
+        let refusing = refused(entries);
+        check_cts(seq, entries)?;
         if entries.len() > 1 {
             // A grouped receive: the receiver stops taking eager messages too.
             self.eager = false;
         }
         // Only a receive that would take a copy predicts the next message's.
         self.expected_tag = (entries.len() == 1 && !refusing).then(|| entries[0].tag);
-        self.slots[slot_of(seq)] = Some(SendSlot {
-            seq,
-            state: SlotState::Rendezvous(Rendezvous::new(entries)),
-        });
+        self.start_rendezvous(seq, entries);
         Ok(self.match_held())
     }
 
     /// The receiver's answer to eager message `seq`: an acknowledgement (it copied the message),
     /// or the CTS of its receive: one that promises the copy, one that refuses it (the message
     /// goes again by rendezvous), or one for another shape or tag (renumbering).
-    fn answer(&mut self, seq: u64, mut entries: Group<Cts>) -> Result<Vec<Post>> {
+    fn answer(&mut self, seq: u64, entries: &[Cts]) -> Result<Vec<Post>> {
         let slot = slot_of(seq);
         let Some(SendSlot {
             state: SlotState::Eager { req, buf, sent, .. },
@@ -884,8 +931,8 @@ impl SendSide {
         let delivered = if first.nreqs == 0 && entries.len() == 1 && first.seq_plus_one == seq + 1 {
             Some(first.size)
         } else {
-            let refusing = strip_refusal(&mut entries);
-            check_cts(seq, &entries)?;
+            let refusing = refused(entries);
+            check_cts(seq, entries)?;
             let same = entries.len() == 1 && entries[0].tag == buf.tag;
             if !same {
                 return Ok(self.renumber(seq, entries));
@@ -918,19 +965,14 @@ impl SendSide {
         }
         self.expected_tag = None;
         self.strays[slot] += u32::from(!sent);
-        let mut rendezvous = Rendezvous::new(entries);
-        rendezvous.take(buf, req);
-        self.slots[slot] = Some(SendSlot {
-            seq,
-            state: SlotState::Rendezvous(rendezvous),
-        });
+        self.start_rendezvous(seq, entries).take(buf, req);
         Ok(self.layout_posts(slot))
     }
 
     /// The receive of message `seq` is grouped or waits for another tag: the messages from `seq`
     /// on are numbered differently than the eager sends assumed. Take every eager send back and
     /// match them, in order, to the receiver's entries; the receiver drops their copies.
-    fn renumber(&mut self, seq: u64, entries: Group<Cts>) -> Vec<Post> {
+    fn renumber(&mut self, seq: u64, entries: &[Cts]) -> Vec<Post> {
         self.eager = false;
         for s in self.awaiting.drain(..) {
             let slot = slot_of(s);
@@ -945,11 +987,20 @@ impl SendSide {
             }
         }
         self.next_seq = seq;
-        self.slots[slot_of(seq)] = Some(SendSlot {
-            seq,
-            state: SlotState::Rendezvous(Rendezvous::new(entries)),
-        });
+        self.start_rendezvous(seq, entries);
         self.match_held()
+    }
+
+    /// Message `seq` goes by rendezvous into the receive that posted `entries`.
+    fn start_rendezvous(&mut self, seq: u64, entries: &[Cts]) -> &mut Rendezvous {
+        let slot = slot_of(seq);
+        self.slots[slot] = Some(SendSlot {
+            seq,
+            state: SlotState::Rendezvous,
+        });
+        let rendezvous = &mut self.rendezvous[slot];
+        rendezvous.reset(entries);
+        rendezvous
     }
 
     /// Match held sends, oldest first, to the next message's CTS entries; its posts once every
@@ -957,7 +1008,7 @@ impl SendSide {
     fn match_held(&mut self) -> Vec<Post> {
         let seq = self.next_seq;
         let slot = slot_of(seq);
-        let Some(rendezvous) = rendezvous_at(&mut self.slots, seq) else {
+        let Some(rendezvous) = rendezvous_at(&self.slots, &mut self.rendezvous, seq) else {
             return Vec::new();
         };
         let mut k = 0;
@@ -995,11 +1046,13 @@ impl SendSide {
             return Ok(None);
         }
         let slot = slot_of(self.next_seq);
-        match self.slots[slot] {
+        match &self.slots[slot] {
             Some(SendSlot {
                 seq,
-                state: SlotState::Rendezvous(r),
-            }) if seq == self.next_seq && !r.posted => Ok(self.match_send(buf)),
+                state: SlotState::Rendezvous,
+            }) if *seq == self.next_seq && !self.rendezvous[slot].posted => {
+                Ok(self.match_send(buf))
+            }
             None if self.awaiting.len() < SLOTS && self.eager_fits(&buf) => {
                 Ok(self.send_eager(buf))
             }
@@ -1061,9 +1114,9 @@ impl SendSide {
         let seq = self.next_seq;
         let slot = slot_of(seq);
         // Peek first: a request is taken only for a send that matches.
-        rendezvous_at(&mut self.slots, seq)?.free_entry(buf.tag)?;
+        rendezvous_at(&self.slots, &mut self.rendezvous, seq)?.free_entry(buf.tag)?;
         let req = self.take_request(seq)?;
-        let rendezvous = rendezvous_at(&mut self.slots, seq)?;
+        let rendezvous = rendezvous_at(&self.slots, &mut self.rendezvous, seq)?;
         let (entry, truncated) = rendezvous.take(buf, req)?;
         let mut accepted = Accepted {
             req,
@@ -1082,16 +1135,20 @@ impl SendSide {
         let layout = self.layout;
         let Some(SendSlot {
             seq,
-            state: SlotState::Rendezvous(slot),
-        }) = self.slots[slot_index].as_mut()
+            state: SlotState::Rendezvous,
+        }) = self.slots[slot_index]
         else {
             return Vec::new();
         };
+        let slot = &mut self.rendezvous[slot_index];
         let capacity = capacity(slot.cts.iter().map(|c| c.size));
-        let qps = layout.qps_for(*seq, capacity);
+        let qps = layout.qps_for(seq, capacity);
         let used = qps.len();
         let n = slot.cts.len();
-        let bufs: Group<SendBuf> = slot.matched.iter().flatten().map(|(b, _)| *b).collect();
+        // Called once every entry is matched, so the first one is.
+        let Some((first, _)) = slot.matched[0] else {
+            return Vec::new();
+        };
         let ringed = layout.uses_sizes_ring(n, capacity);
         let mut posts = std::mem::take(&mut self.spare_posts);
         posts.clear();
@@ -1099,7 +1156,7 @@ impl SendSide {
             if !ringed {
                 // The payload's last write carries the immediate: the bytes this QP delivered
                 // (they fit: the capacity does).
-                let write = RdmaWrite::chunk(&layout, qp, &slot.cts[0], &bufs[0], pos, used);
+                let write = RdmaWrite::chunk(&layout, qp, &slot.cts[0], &first, pos, used);
                 let imm = u32::try_from(write.len).unwrap_or(u32::MAX);
                 let mut pieces = write.pieces().peekable();
                 while let Some(piece) = pieces.next() {
@@ -1116,7 +1173,8 @@ impl SendSide {
                 continue;
             }
             let mut sizes = [0u64; MAX_RECVS];
-            for (i, (cts, buf)) in slot.cts.iter().zip(&bufs).enumerate() {
+            let bufs = slot.matched.iter().flatten().map(|(b, _)| b);
+            for (i, (cts, buf)) in slot.cts.iter().zip(bufs).enumerate() {
                 sizes[i] = buf.size;
                 let write = RdmaWrite::chunk(&layout, qp, cts, buf, pos, used);
                 posts.extend(write.pieces().filter(|w| w.len > 0).map(Post::Write));
@@ -1129,7 +1187,7 @@ impl SendSide {
             // A zero-length write-with-immediate closes the message on this QP.
             let write = RdmaWrite {
                 len: 0,
-                ..RdmaWrite::chunk(&layout, qp, &slot.cts[0], &bufs[0], 0, 1)
+                ..RdmaWrite::chunk(&layout, qp, &slot.cts[0], &first, 0, 1)
             };
             posts.push(Post::WriteImm {
                 write,
@@ -1162,10 +1220,10 @@ impl SendSide {
                 Ok(())
             }
             Some(SendSlot {
-                state: SlotState::Rendezvous(r),
+                state: SlotState::Rendezvous,
                 ..
-            }) if r.pending > 0 => {
-                r.pending -= 1;
+            }) if self.rendezvous[slot].pending > 0 => {
+                self.rendezvous[slot].pending -= 1;
                 Ok(())
             }
             _ => Err(Error::misuse(format!(
@@ -1174,42 +1232,44 @@ impl SendSide {
         }
     }
 
-    fn slot_of_request(&self, req: usize) -> Option<(usize, &SendSlot)> {
+    /// The slot of request `req`'s message, while the request is in flight.
+    fn slot_of_request(&self, req: usize) -> Option<usize> {
         let Request::In(seq) = *self.requests.get(req)? else {
             return None;
         };
         let slot = slot_of(seq);
-        let s = self.slots[slot].as_ref().filter(|s| s.seq == seq)?;
-        Some((slot, s))
+        self.slots[slot]
+            .as_ref()
+            .is_some_and(|s| s.seq == seq)
+            .then_some(slot)
     }
 
     /// Bytes delivered by request `req`, once its message completed (an eager one once the
     /// receiver acknowledged it).
     pub fn poll_done(&self, req: usize) -> Option<u64> {
-        let (_, s) = self.slot_of_request(req)?;
-        match s.state {
+        let slot = self.slot_of_request(req)?;
+        match &self.slots[slot].as_ref()?.state {
             SlotState::Eager {
                 delivered, sent, ..
-            } => delivered.filter(|_| sent),
-            SlotState::Rendezvous(r) if r.posted && r.pending == 0 => r
-                .matched
-                .iter()
-                .flatten()
-                .find(|(_, q)| *q == req)
-                .map(|(b, _)| b.size),
-            SlotState::Rendezvous(_) => None,
+            } => delivered.filter(|_| *sent),
+            SlotState::Rendezvous => {
+                let r = &self.rendezvous[slot];
+                (r.posted && r.pending == 0)
+                    .then(|| r.matched.iter().flatten().find(|(_, q)| *q == req))
+                    .flatten()
+                    .map(|(b, _)| b.size)
+            }
         }
     }
 
     /// NCCL saw request `req` done; a message's slot is freed when all its requests were.
     pub fn release(&mut self, req: usize) {
-        let Some((slot, s)) = self.slot_of_request(req) else {
+        let Some(slot) = self.slot_of_request(req) else {
             return;
         };
-        let mut state = s.state;
-        let free = match &mut state {
-            SlotState::Eager { .. } => true,
-            SlotState::Rendezvous(r) => {
+        let free = match self.slots[slot].map(|s| s.state) {
+            Some(SlotState::Rendezvous) => {
+                let r = &mut self.rendezvous[slot];
                 let n = r.cts.len();
                 if let Some(e) = r.matched[..n]
                     .iter()
@@ -1219,47 +1279,47 @@ impl SendSide {
                 }
                 r.tested[..n].iter().all(|&t| t)
             }
+            _ => true,
         };
-        self.slots[slot] = if free {
-            None
-        } else {
-            self.slots[slot].map(|s| SendSlot { state, ..s })
-        };
+        if free {
+            self.slots[slot] = None;
+        }
         self.requests[req] = Request::Free;
         self.free_requests.push(req);
     }
 }
 
-/// The captured CTS of message `seq`, in its slot.
-fn rendezvous_at(slots: &mut [Option<SendSlot>], seq: u64) -> Option<&mut Rendezvous> {
-    match slots[slot_of(seq)].as_mut() {
+/// The captured CTS of message `seq`, when its slot holds one.
+fn rendezvous_at<'a>(
+    slots: &[Option<SendSlot>],
+    rendezvous: &'a mut [Rendezvous],
+    seq: u64,
+) -> Option<&'a mut Rendezvous> {
+    let slot = slot_of(seq);
+    match slots[slot] {
         Some(SendSlot {
-            state: SlotState::Rendezvous(r),
+            state: SlotState::Rendezvous,
             ..
-        }) => Some(r),
+        }) => Some(&mut rendezvous[slot]),
         _ => None,
     }
 }
 
-/// Clear the refusal flag of `entries`; whether it was set.
-fn strip_refusal(entries: &mut [Cts]) -> bool {
-    let refusing = entries
+/// Whether the receiver flagged `entries` [`eager::REFUSED`].
+fn refused(entries: &[Cts]) -> bool {
+    entries
         .first()
-        .is_some_and(|e| e.nreqs & eager::REFUSED != 0);
-    for e in entries {
-        e.nreqs &= !eager::REFUSED;
-    }
-    refusing
+        .is_some_and(|e| e.nreqs & eager::REFUSED != 0)
 }
 
 /// Check that `entries` are the whole CTS of message `seq`: 1..=MAX_RECVS entries, each
-/// carrying `seq + 1` and the entry count.
+/// carrying `seq + 1` and the entry count (the refusal flag aside).
 fn check_cts(seq: u64, entries: &[Cts]) -> Result<()> {
     let n = entries.len();
     let consistent = (1..=MAX_RECVS).contains(&n)
         && entries
             .iter()
-            .all(|e| e.seq_plus_one == seq + 1 && e.nreqs as usize == n);
+            .all(|e| e.seq_plus_one == seq + 1 && (e.nreqs & !eager::REFUSED) as usize == n);
     if consistent {
         return Ok(());
     }

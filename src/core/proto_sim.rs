@@ -100,17 +100,17 @@ impl Pair {
     fn irecv(&mut self, bufs: &[RecvBuf]) -> Option<usize> {
         let (_, cts) = self.recv.irecv(bufs).unwrap()?;
         assert_eq!(cts.recvs.is_empty(), cts.copy.is_some());
-        self.answer(&cts);
+        self.answer(&cts, bufs);
         Some(cts.slot)
     }
 
     /// Copy an eager message out of the bounce ring, then write the entries into the ring.
-    fn answer(&mut self, cts: &CtsPost) {
+    fn answer(&mut self, cts: &CtsPost, bufs: &[RecvBuf]) {
         if let Some(c) = cts.copy {
             self.copy_eager(c);
         }
-        for (i, e) in cts.entries.iter().enumerate() {
-            self.ring[cts.slot * MAX_RECVS + i] = Some(*e);
+        for (i, e) in cts.entries(bufs).enumerate() {
+            self.ring[cts.slot * MAX_RECVS + i] = Some(e);
         }
     }
 
@@ -147,7 +147,7 @@ impl Pair {
                 .flatten()
                 .copied()
                 .collect();
-            let posts = self.send.handle_cts(entries)?;
+            let posts = self.send.handle_cts(&entries)?;
             self.queue(&posts);
         }
         Ok(())

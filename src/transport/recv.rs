@@ -20,7 +20,7 @@ use crate::core::eager::{self, Announced};
 use crate::core::error::{Error, Result};
 use crate::core::group::Group;
 use crate::core::proto::{
-    Arrived, CtsPost, EagerCopy, EagerHeader, Layout, RecvBuf, RecvSide, SLOTS,
+    Arrived, CtsPost, EagerCopy, EagerHeader, Layout, RecvBuf, RecvDone, RecvSide, SLOTS,
 };
 use crate::core::wire::{Cts, Hello, MAX_RECVS, Role};
 use crate::verbs::{
@@ -60,6 +60,13 @@ impl FlushQp {
         let scratch = HostRegion::new(std::slice::from_ref(&port.pd), 64, Access::LOCAL_WRITE)?;
         Ok(Self { qp, scratch })
     }
+}
+
+/// A request `test` found complete.
+#[derive(Clone, Copy, Debug)]
+enum Finished {
+    Recv(RecvDone),
+    Flush,
 }
 
 /// A flush in progress: how many members' reads are still outstanding.
@@ -219,30 +226,32 @@ impl RecvComm {
     pub unsafe fn irecv(&self, bufs: &[RecvBuf]) -> Result<Option<usize>> {
         let mut st = self.state.lock();
         st.failed.check()?;
-        if let Err(e) = self.check_alive() {
-            return Err(st.failed.record(e));
-        }
         if st.proto.eager_active() {
             // An eager message that already arrived is delivered now, without a CTS.
             self.progress(&mut st)?;
         }
         let Some((_, cts)) = st.proto.irecv(bufs)? else {
+            // NCCL calls again until it gets a request: that loop must end when the sender is
+            // gone. (A receive that was posted learns of it in `test`.)
+            if let Err(e) = self.check_alive() {
+                return Err(st.failed.record(e));
+            }
             return Ok(None);
         };
         // SAFETY: forwarded from this function's contract (the copy's destination is one of
         // `bufs`).
-        match unsafe { self.answer(&mut st, &cts) } {
+        match unsafe { self.answer(&mut st, &cts, bufs) } {
             Ok(()) => Ok(Some(cts.slot)),
             Err(e) => Err(st.failed.record(e)),
         }
     }
 
-    /// Post the receives of `cts`, copy its eager message, and write its entries into the
-    /// sender's ring.
+    /// Post the receives of `cts`, copy its eager message, and write its entries (for the
+    /// receive of `bufs`) into the sender's ring.
     ///
     /// # Safety
     /// The copy's destination must be a posted receive buffer (`irecv`'s contract).
-    unsafe fn answer(&self, st: &mut RecvState, cts: &CtsPost) -> Result<()> {
+    unsafe fn answer(&self, st: &mut RecvState, cts: &CtsPost, bufs: &[RecvBuf]) -> Result<()> {
         let layout = st.proto.layout();
         for q in cts.recvs.clone() {
             self.qps.qps[q].post_recv(WR_RECV)?;
@@ -252,19 +261,18 @@ impl RecvComm {
             unsafe { self.copy_eager(layout, copy) };
         }
         let offset = cts.slot * MAX_RECVS * Cts::LEN;
-        let mut bytes = [0u8; MAX_RECVS * Cts::LEN];
-        for (chunk, entry) in bytes.chunks_exact_mut(Cts::LEN).zip(cts.entries.iter()) {
-            chunk.copy_from_slice(&entry.emit());
+        let mut len = 0;
+        for entry in cts.entries(bufs) {
+            self.cts_staging.write(offset + len, &entry.emit());
+            len += Cts::LEN;
         }
-        let bytes = &bytes[..cts.entries.len() * Cts::LEN];
-        self.cts_staging.write(offset, bytes);
         let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
         st.cts_posted += 1;
         let wr = WorkRequest {
             wr_id: WR_CTS,
             op: Op::Write,
             local_addr: self.cts_staging.addr(offset),
-            len: bytes.len() as u32,
+            len: len as u32,
             lkey: self.cts_staging.mr(layout.local_member(cts.qp)).lkey(),
             remote_addr: self.remote_ring_addr + offset as u64,
             rkey: self.remote_ring_rkeys[layout.remote_member(cts.qp)],
@@ -340,17 +348,20 @@ impl RecvComm {
     pub fn test(&self, index: usize) -> Result<Option<Group<u64>>> {
         let mut st = self.state.lock();
         st.failed.check()?;
-        if let Some(sizes) = self.take_done(&mut st, index)? {
-            return Ok(Some(sizes));
-        }
-        self.progress(&mut st)?;
-        let done = self.take_done(&mut st, index)?;
-        if done.is_none()
-            && let Err(e) = self.check_alive()
-        {
-            return Err(st.failed.record(e));
-        }
-        Ok(done)
+        let finished = match self.finished(&st, index)? {
+            Some(f) => f,
+            None => {
+                self.progress(&mut st)?;
+                let Some(f) = self.finished(&st, index)? else {
+                    if let Err(e) = self.check_alive() {
+                        return Err(st.failed.record(e));
+                    }
+                    return Ok(None);
+                };
+                f
+            }
+        };
+        Ok(Some(self.take(&mut st, index, finished)))
     }
 
     /// `Err` once the device failed or the sender is gone (closed its comm, or its process).
@@ -358,22 +369,29 @@ impl RecvComm {
         check_alive(&self.ctx, self.link.as_ref(), "send comm")
     }
 
-    fn take_done(&self, st: &mut RecvState, index: usize) -> Result<Option<Group<u64>>> {
-        if index >= SLOTS {
-            let k = index - SLOTS;
-            return match st.flushes.get(k) {
-                Some(FlushSlot::Done) => {
-                    st.flushes[k] = FlushSlot::Free;
-                    Ok(Some(Group::default()))
-                }
-                Some(FlushSlot::Pending(_)) => Ok(None),
-                _ => Err(Error::misuse(format!(
-                    "test on flush request {k} that is not in flight"
-                ))),
-            };
+    /// Whether request `index` (a receive, or from [`SLOTS`] on a flush) completed. Small on
+    /// purpose: `test` asks on every poll, the sizes are gathered once, by [`Self::take`].
+    fn finished(&self, st: &RecvState, index: usize) -> Result<Option<Finished>> {
+        let Some(k) = index.checked_sub(SLOTS) else {
+            return Ok(st.proto.poll_done(index).map(Finished::Recv));
+        };
+        match st.flushes.get(k) {
+            Some(FlushSlot::Done) => Ok(Some(Finished::Flush)),
+            Some(FlushSlot::Pending(_)) => Ok(None),
+            _ => Err(Error::misuse(format!(
+                "test on flush request {k} that is not in flight"
+            ))),
         }
-        let Some(done) = st.proto.poll_done(index) else {
-            return Ok(None);
+    }
+
+    /// The sizes of finished request `index`, which is then free again.
+    fn take(&self, st: &mut RecvState, index: usize, finished: Finished) -> Group<u64> {
+        let done = match finished {
+            Finished::Flush => {
+                st.flushes[index - SLOTS] = FlushSlot::Free;
+                return Group::default();
+            }
+            Finished::Recv(done) => done,
         };
         let sizes = if done.ringed {
             let raw: [u8; SIZES_SLOT_BYTES] = self.sizes_ring.read(index * SIZES_SLOT_BYTES);
@@ -385,7 +403,7 @@ impl RecvComm {
             Group::one(done.imm_sum)
         };
         st.proto.release(index);
-        Ok(Some(sizes))
+        sizes
     }
 
     fn progress(&self, st: &mut RecvState) -> Result<()> {

@@ -231,6 +231,7 @@ impl Connecting {
                 proto: SendSide::new(layout),
                 failed: Failure::default(),
                 completed_any: false,
+                chain: Vec::with_capacity(CHAIN),
             }),
         })
     }
@@ -241,6 +242,8 @@ struct SendState {
     proto: SendSide,
     failed: Failure,
     completed_any: bool,
+    /// The work requests of the chain being posted (see [`SendComm::post`]).
+    chain: Vec<WorkRequest>,
 }
 
 /// A connected send comm. `isend`/`test` come from NCCL's progress thread; the lock only guards
@@ -289,9 +292,6 @@ impl SendComm {
         mr.check(addr, size)?;
         let mut st = self.state.lock();
         st.failed.check()?;
-        if let Err(e) = self.check_alive() {
-            return Err(st.failed.record(e));
-        }
         self.read_answers(&mut st)?;
         let Some(accepted) = st.proto.isend(SendBuf {
             addr,
@@ -301,6 +301,11 @@ impl SendComm {
             host: mr.is_host(),
         })?
         else {
+            // NCCL calls again until it gets a request: that loop must end when the receiver
+            // is gone. (A send that starts learns of it in `test`.)
+            if let Err(e) = self.check_alive() {
+                return Err(st.failed.record(e));
+            }
             return Ok(None);
         };
         if let Some((asked, sent)) = accepted.truncated {
@@ -309,7 +314,7 @@ impl SendComm {
                 self.remote
             );
         }
-        let posted = self.post(&accepted.posts);
+        let posted = self.post(&mut st.chain, &accepted.posts);
         st.proto.recycle(accepted.posts);
         if let Err(e) = posted {
             return Err(st.failed.record(e));
@@ -322,17 +327,13 @@ impl SendComm {
     /// held sends that complete a message).
     fn read_answers(&self, st: &mut SendState) -> Result<()> {
         while let Some((seq, slot)) = st.proto.wants_cts() {
-            let entries = match self.read_cts(seq, slot) {
-                Ok(Some(entries)) => entries,
+            let posts = match self.read_cts(seq, slot, |entries| st.proto.handle_cts(entries)) {
+                Ok(Some(posts)) => posts,
                 Ok(None) => return Ok(()),
                 Err(e) => return Err(st.failed.record(e)),
             };
-            let posts = st
-                .proto
-                .handle_cts(entries)
-                .map_err(|e| st.failed.record(e))?;
             if !posts.is_empty() {
-                let posted = self.post(&posts);
+                let posted = self.post(&mut st.chain, &posts);
                 st.proto.recycle(posts);
                 posted.map_err(|e| st.failed.record(e))?;
             }
@@ -347,14 +348,17 @@ impl SendComm {
     pub fn test(&self, index: usize) -> Result<Option<u64>> {
         let mut st = self.state.lock();
         st.failed.check()?;
-        if st.proto.poll_done(index).is_none() {
-            self.progress(&mut st)?;
-            if st.proto.waits_on_ring() {
-                // An eager message completes with its answer in the CTS ring.
-                self.read_answers(&mut st)?;
+        let done = match st.proto.poll_done(index) {
+            Some(sent) => Some(sent),
+            None => {
+                self.progress(&mut st)?;
+                if st.proto.waits_on_ring() {
+                    // An eager message completes with its answer in the CTS ring.
+                    self.read_answers(&mut st)?;
+                }
+                st.proto.poll_done(index)
             }
-        }
-        let done = st.proto.poll_done(index);
+        };
         if done.is_some() {
             st.proto.release(index);
         } else if let Err(e) = self.check_alive() {
@@ -368,9 +372,15 @@ impl SendComm {
         check_alive(&self.ctx, self.link.as_ref(), "receive comm")
     }
 
-    /// The ring slot's entries once all of them carry `seq + 1` (the count may carry the
-    /// refusal flag); one entry with count 0 is the acknowledgement of an eager message.
-    fn read_cts(&self, seq: u64, slot: usize) -> Result<Option<Group<Cts>>> {
+    /// Hand the ring slot's entries to `take` once all of them carry `seq + 1` (the count may
+    /// carry the refusal flag); one entry with count 0 is the acknowledgement of an eager
+    /// message. `Ok(None)` while they have not all arrived.
+    fn read_cts<R>(
+        &self,
+        seq: u64,
+        slot: usize,
+        take: impl FnOnce(&[Cts]) -> Result<R>,
+    ) -> Result<Option<R>> {
         let base = slot * MAX_RECVS * Cts::LEN;
         let want = seq + 1;
         // The sequence number is checked (acquire) before the entry it guards is read.
@@ -389,33 +399,37 @@ impl SendComm {
                 format!("peer posted a CTS with {n} buffers ({})", self.remote),
             ));
         }
-        let mut entries = [first; MAX_RECVS];
-        for (i, e) in entries.iter_mut().enumerate().take(n).skip(1) {
+        if n <= 1 {
+            // A single receive, NCCL's usual case, builds no group of eight.
+            return take(&[first]).map(Some);
+        }
+        let mut entries = Group::one(first);
+        for i in 1..n {
             let Some(cts) = entry(i) else {
                 return Ok(None);
             };
-            *e = cts;
+            entries.push(cts);
         }
-        Ok(Some(entries.into_iter().take(n.max(1)).collect()))
+        take(&entries).map(Some)
     }
 
-    /// Post `posts` (grouped by QP, in order) as one chain per QP.
-    fn post(&self, posts: &[Post]) -> Result<()> {
-        let mut chain = [WorkRequest::EMPTY; CHAIN];
-        let (mut len, mut chain_qp) = (0, 0);
+    /// Post `posts` (grouped by QP, in order) as one chain per QP, gathered in `chain` (kept
+    /// from message to message: no allocation, and no initialising a whole array per post).
+    fn post(&self, chain: &mut Vec<WorkRequest>, posts: &[Post]) -> Result<()> {
+        chain.clear();
+        let mut chain_qp = 0;
         for p in posts {
             self.work_requests(p, |qp, wr| {
-                if len > 0 && (qp != chain_qp || len == CHAIN) {
-                    self.post_chain(chain_qp, &chain[..len])?;
-                    len = 0;
+                if !chain.is_empty() && (qp != chain_qp || chain.len() == CHAIN) {
+                    self.post_chain(chain_qp, chain)?;
+                    chain.clear();
                 }
                 chain_qp = qp;
-                chain[len] = wr;
-                len += 1;
+                chain.push(wr);
                 Ok(())
             })?;
         }
-        self.post_chain(chain_qp, &chain[..len])
+        self.post_chain(chain_qp, chain)
     }
 
     fn post_chain(&self, qp: usize, wrs: &[WorkRequest]) -> Result<()> {

@@ -303,8 +303,9 @@ impl Drop for AlignedBuf {
 }
 
 /// Zeroed host memory owned by the plugin and registered on one PD per member port of a device:
-/// the control rings. The NIC may write it at any time, so Rust never forms references into it;
-/// every access is volatile.
+/// the control rings. The NIC may write it at any time, so Rust never forms references into it:
+/// the words that say a write landed are read volatilely ([`Self::read_u64_acquire`]), and
+/// whole entries are copied in or out only while the protocol holds the NIC off them.
 #[derive(Debug)]
 pub struct HostRegion {
     // Field order matters: the registrations are dropped before the memory they cover.
@@ -312,7 +313,8 @@ pub struct HostRegion {
     buf: AlignedBuf,
 }
 
-// SAFETY: the buffer is only accessed through volatile reads/writes and the NIC; no references.
+// SAFETY: the buffer is only accessed through raw-pointer copies, volatile reads and the NIC;
+// no references.
 unsafe impl Send for HostRegion {}
 // SAFETY: as above.
 unsafe impl Sync for HostRegion {}
@@ -328,7 +330,7 @@ impl HostRegion {
             .iter()
             .map(|pd| {
                 // SAFETY: `buf` outlives the registrations (field order); Rust code only touches
-                // it volatilely.
+                // it through raw pointers.
                 unsafe { pd.register(buf.ptr.as_ptr() as u64, buf.layout.size(), access) }
             })
             .collect::<Result<Vec<_>>>()?;
@@ -387,11 +389,15 @@ impl HostRegion {
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
     }
 
-    /// Copy `N` bytes out of the region at `offset`.
+    /// Copy `N` bytes out of the region at `offset`, once the NIC finished writing them: after
+    /// the completion of the write that carried them, or after [`Self::read_u64_acquire`]
+    /// saw the word the peer writes with them. (A plain copy: a volatile `[u8; N]` read is
+    /// lowered to `N` single-byte loads, and this runs once per message.)
     pub fn read<const N: usize>(&self, offset: usize) -> [u8; N] {
         let at = self.at(offset, N).cast::<[u8; N]>();
-        // SAFETY: in bounds (checked by `at`); one volatile read because the NIC may write the
-        // memory concurrently ([u8; N] has alignment 1).
-        unsafe { at.read_volatile() }
+        // SAFETY: in bounds (checked by `at`), alignment 1; the protocol keeps the NIC off
+        // these bytes until the message they belong to is answered (see above), and the acquire
+        // read or completion before this call orders the copy after the NIC's write.
+        unsafe { at.read_unaligned() }
     }
 }

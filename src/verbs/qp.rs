@@ -87,20 +87,6 @@ pub struct WorkRequest {
     pub signaled: bool,
 }
 
-impl WorkRequest {
-    /// A placeholder for fixed-size arrays of requests.
-    pub const EMPTY: Self = Self {
-        wr_id: 0,
-        op: Op::Write,
-        local_addr: 0,
-        len: 0,
-        lkey: 0,
-        remote_addr: 0,
-        rkey: 0,
-        signaled: false,
-    };
-}
-
 /// Work requests posted with one `ibv_post_send` at most (longer lists are split).
 const MAX_CHAIN: usize = 16;
 
