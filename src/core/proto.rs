@@ -240,12 +240,12 @@ impl CtsPost {
             Answer::Ack { .. } => 1,
         };
         let nreqs = u32::try_from(bufs.len()).unwrap_or(0);
-        bufs.iter().take(n).map(move |b| match answer {
+        (0..n).map(move |i| match answer {
             Answer::Cts { seq, refused } => Cts {
-                addr: b.addr,
-                size: b.size,
-                rkeys: b.rkeys,
-                tag: b.tag,
+                addr: bufs[i].addr,
+                size: bufs[i].size,
+                rkeys: bufs[i].rkeys,
+                tag: bufs[i].tag,
                 nreqs: if refused {
                     nreqs | eager::REFUSED
                 } else {
@@ -732,7 +732,7 @@ pub struct Accepted {
 pub const SEND_REQUESTS: usize = SLOTS * (MAX_RECVS + 1);
 
 /// A message whose CTS the sender captured. One per slot, reused: a message's CTS is copied
-/// into its slot's in place, never built and moved (over 1 KiB with eight entries).
+/// into it in place, never built and moved (over 1 KiB with eight entries).
 #[derive(Copy, Clone, Debug, Default)]
 struct Rendezvous {
     cts: Group<Cts>,
