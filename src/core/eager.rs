@@ -4,9 +4,13 @@
 //!
 //! A sender whose next message has no clear-to-send yet may write a small payload from host
 //! memory, for the tag the previous receive expected, straight into the receiver's bounce ring
-//! (one slot per message slot, so the answer that frees a message slot also returns its bounce
-//! slot: the credits travel with the CTS traffic). Each eager message is answered by exactly one
-//! write the receiver makes anyway, in the message's CTS slot:
+//! (one slot per message slot: the credits travel with the CTS traffic). A bounce slot is
+//! written again only once the receiver has shown that it read it: by an acknowledgement
+//! (written after the copy) or by the next CTS in that slot (its receive is posted only after
+//! the previous one there completed). A promise or a refusal shows nothing of the kind: the
+//! receiver reads the slot when it handles the arrival, which can be after the sender's own
+//! write completed. Each eager message is answered by exactly one write the receiver makes
+//! anyway, in the message's CTS slot:
 //! - its receive was posted after the message landed: an acknowledgement ([`ack`]) once the
 //!   message was copied into the posted buffer;
 //! - its receive was posted first: the receive's CTS. A plain CTS of a single receive promises

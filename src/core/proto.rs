@@ -391,7 +391,8 @@ impl RecvSide {
                 a.size, self.layout.eager_bytes
             ));
         }
-        // A bounce slot is written again only after its message was answered.
+        // A bounce slot is written again only after the receiver showed it read it (see
+        // `eager`): a newer header here is a sender that broke that rule.
         if header.seq != seq {
             return bad(format!(
                 "eager message {seq} arrived with the header of message {}",
@@ -836,6 +837,13 @@ pub struct SendSide {
     /// Per slot, completions of eager writes whose message went on by rendezvous or was
     /// renumbered before the sender's own completion arrived.
     strays: Vec<u32>,
+    /// Per slot, an eager message was written into its bounce slot and the receiver has not
+    /// yet shown that it read it: an acknowledgement shows it (written after the copy), and
+    /// so does any later answer in the slot (the receive of the next message there is posted
+    /// only after this one completed). A promise or a refusal does not: the receiver reads the
+    /// bounce slot when it handles the arrival, which may come after the sender's own write
+    /// completed. No eager message goes into such a slot.
+    unread: Vec<bool>,
     /// The vector the next [`Accepted::posts`] is built in, handed back by [`Self::recycle`]
     /// so that sending allocates nothing once it has grown to a message's posts.
     spare_posts: Vec<Post>,
@@ -856,6 +864,7 @@ impl SendSide {
             eager: layout.eager_bytes > 0,
             expected_tag: None,
             strays: vec![0; SLOTS],
+            unread: vec![false; SLOTS],
             spare_posts: Vec::new(),
         }
     }
@@ -905,6 +914,9 @@ impl SendSide {
         let seq = self.next_seq;
         let refusing = refused(entries);
         check_cts(seq, entries)?;
+        // The receive of `seq` was posted, so the one of the eager message before it in this
+        // slot completed: its bounce slot was read.
+        self.unread[slot_of(seq)] = false;
         if entries.len() > 1 {
             // A grouped receive: the receiver stops taking eager messages too.
             self.eager = false;
@@ -929,6 +941,8 @@ impl SendSide {
         };
         let first = entries.first().copied().unwrap_or_default();
         let delivered = if first.nreqs == 0 && entries.len() == 1 && first.seq_plus_one == seq + 1 {
+            // Acknowledged after the copy: the bounce slot was read.
+            self.unread[slot] = false;
             Some(first.size)
         } else {
             let refusing = refused(entries);
@@ -1062,6 +1076,7 @@ impl SendSide {
 
     fn eager_fits(&self, buf: &SendBuf) -> bool {
         self.eager
+            && !self.unread[slot_of(self.next_seq)]
             && buf.host
             && buf.size <= self.layout.eager_bytes
             && self.expected_tag == Some(buf.tag)
@@ -1088,6 +1103,7 @@ impl SendSide {
             },
         });
         self.awaiting.push_back(seq);
+        self.unread[slot] = true;
         self.next_seq += 1;
         let qp = self.layout.qps_for(seq, buf.size).start;
         let mut posts = std::mem::take(&mut self.spare_posts);

@@ -200,29 +200,39 @@ impl Pair {
                     self.recv.handle_completion(write.qp, imm).unwrap();
                     self.send.handle_completion(slot).unwrap();
                 }
-                Post::Eager {
-                    slot,
-                    seq,
-                    tag,
-                    local_addr,
-                    len,
-                    imm,
-                    ..
-                } => {
-                    let (at, n) = (local_addr as usize, len as usize);
-                    self.bounce[slot] = (
-                        EagerHeader { seq, tag },
-                        self.sender_mem[at..at + n].to_vec(),
-                    );
-                    let a = self.recv.announced(imm).expect("an eager immediate");
-                    assert_eq!(a.slot(SLOTS), slot);
-                    let header = self.bounce[a.slot(SLOTS)].0;
-                    if let Arrived::Copied(c) = self.recv.eager_arrived(a, header).unwrap() {
-                        self.copy_eager(c);
-                    }
+                eager @ Post::Eager { slot, .. } => {
+                    self.land(eager);
                     self.send.handle_completion(slot).unwrap();
                 }
             }
+        }
+    }
+
+    /// The receiver's side of an eager message: it lands in its bounce slot and the receiver
+    /// handles the arrival (the sender's completion is the caller's).
+    fn land(&mut self, eager: Post) {
+        let Post::Eager {
+            slot,
+            seq,
+            tag,
+            local_addr,
+            len,
+            imm,
+            ..
+        } = eager
+        else {
+            panic!("not an eager message: {eager:?}");
+        };
+        let (at, n) = (local_addr as usize, len as usize);
+        self.bounce[slot] = (
+            EagerHeader { seq, tag },
+            self.sender_mem[at..at + n].to_vec(),
+        );
+        let a = self.recv.announced(imm).expect("an eager immediate");
+        assert_eq!(a.slot(SLOTS), slot);
+        let header = self.bounce[a.slot(SLOTS)].0;
+        if let Arrived::Copied(c) = self.recv.eager_arrived(a, header).unwrap() {
+            self.copy_eager(c);
         }
     }
 
@@ -975,6 +985,62 @@ fn credits_run_out_after_a_ring_of_unanswered_eager_messages() {
         assert_delivered(&p, 8192 + 64 * i as u64, i as u64 * 8, 8);
         assert_eq!(p.sent(a.req), Some(8));
     }
+}
+
+/// The race a pipelined benchmark hit on rxe (32 in flight): an eager message whose receive
+/// was posted first is promised, the sender's write completes and NCCL reuses the request,
+/// but the receiver has not handled the arrival yet. When the ring comes round to that slot,
+/// the next message must not be written into the bounce slot the receiver is still to read
+/// (it read the newer header: "eager message N arrived with the header of message N+32").
+#[test]
+fn a_bounce_slot_is_not_written_again_before_the_receiver_read_it() {
+    let mut p = Pair::eager(EAGER, 1);
+    let a = p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
+    assert!(is_eager(&a));
+    let promised = p.irecv(&[rbuf(4096, 8, 1)]).unwrap();
+    let qp = a.posts[0].qp();
+    let held = p.wire[qp].pop_front().unwrap();
+    let Post::Eager { slot, .. } = held else {
+        panic!("not an eager message: {held:?}");
+    };
+    p.send.handle_completion(slot).unwrap();
+    assert_eq!(
+        p.sent(a.req),
+        Some(8),
+        "promised and written: done for NCCL"
+    );
+    p.send.release(a.req);
+    // Round the ring: every other slot carries an eager message, acknowledged.
+    for i in 1..SLOTS as u64 {
+        let b = p.isend(sbuf(8 * i, 8, 1)).unwrap().unwrap();
+        assert!(is_eager(&b), "message {i} after the promised one");
+        p.deliver_all();
+        let r = p.irecv(&[rbuf(4096 + 64 * i, 8, 1)]).unwrap();
+        assert_eq!(p.received(r), Some(vec![8]));
+        assert_eq!(p.sent(b.req), Some(8));
+        p.send.release(b.req);
+        p.recv.release(r);
+    }
+    assert_eq!(
+        p.isend(sbuf(512, 8, 1)).unwrap(),
+        None,
+        "the promised message's bounce slot is unread: wait for the CTS"
+    );
+    p.land(held);
+    assert_eq!(p.received(promised), Some(vec![8]));
+    assert_delivered(&p, 4096, 0, 8);
+    p.recv.release(promised);
+    let r = p.irecv(&[rbuf(8192, 8, 1)]).unwrap();
+    let c = p.isend(sbuf(512, 8, 1)).unwrap().unwrap();
+    assert!(!is_eager(&c), "went with its CTS");
+    p.deliver_all();
+    assert_eq!(p.received(r), Some(vec![8]));
+    assert_delivered(&p, 8192, 512, 8);
+    let d = p.isend(sbuf(520, 8, 1)).unwrap().unwrap();
+    assert!(
+        is_eager(&d),
+        "the CTS showed the slot read: eager again after it"
+    );
 }
 
 /// Random interleavings of both paths: each message is posted receive-first or send-first,
