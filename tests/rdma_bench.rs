@@ -100,6 +100,45 @@ fn late_receives_ping_pong_through_the_eager_path_without_waiting_on_the_sender(
     }
 }
 
+/// A full ring in flight on both sides (32 sends, 32 receives, each completed in order): the
+/// receiver copies eager messages and goes round the ring while the sender is still to read
+/// their answers, so the receive a ring later writes its CTS over an answer. The sender must
+/// take that CTS as the answer; it waited for the overwritten one forever, and the benchmark
+/// hung in about half of these runs.
+#[test]
+fn a_full_ring_in_flight_through_the_eager_path_completes_verified() {
+    let plugin = support::plugin_path();
+    let (ok, stdout, stderr) = bench(&[
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--dev",
+        "rxe0",
+        "--min",
+        "8",
+        "--max",
+        "4K",
+        "--inflight",
+        "32",
+        "--iters",
+        "3000",
+        "--lat-iters",
+        "20",
+        "--verify",
+        "--json",
+    ]);
+    assert!(
+        ok,
+        "benchmark failed (a hang is killed after 300 s):\n{stdout}\n{stderr}"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let rows = doc["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 10, "8 B to 4 KiB: {stdout}");
+    for row in rows {
+        assert_eq!(row["verified"], true, "data not verified: {row}");
+        assert_eq!(row["iters"], 3000, "{row}");
+    }
+}
+
 #[test]
 fn table_output_has_a_header_and_a_row_per_size() {
     let plugin = support::plugin_path();

@@ -14,13 +14,17 @@
 //! - its receive was posted after the message landed: an acknowledgement ([`ack`]) once the
 //!   message was copied into the posted buffer;
 //! - its receive was posted first: the receive's CTS. A plain CTS of a single receive promises
-//!   the copy of an eager message with its tag; a CTS flagged [`REFUSED`] (a receive in GPU
-//!   memory, or a grouped one) makes the sender write the message again by rendezvous. The
+//!   the copy of an eager message with its tag that fits it; a CTS flagged [`REFUSED`] (a
+//!   receive in GPU memory, or a grouped one) makes the sender write the message again by
+//!   rendezvous, as does a buffer smaller than the message (truncated there, as any send). The
 //!   receiver flags every CTS that would not take a copy, since it cannot know whether an
 //!   eager message is on its way.
 //!
 //! So no answer costs an extra write, and a send that went eagerly into a legal receive needs
-//! nothing more from the sender's side to be delivered. A grouped receive or a receive for
+//! nothing more from the sender's side to be delivered. A copy is always of the whole message,
+//! so the sender needs nothing from the answer but its arrival, and an answer the receiver
+//! overwrote (the copied receive completed, and the receive after next in the slot posted its
+//! CTS there) still tells it: only a copy lets the receiver go past a message on its own. A grouped receive or a receive for
 //! another tag numbers the messages that follow differently than the eager sends assumed: the
 //! sender takes those sends back and matches them to the CTS entries in sending order, the
 //! receiver drops the eager messages from that point unanswered, and both sides stop using the
@@ -122,7 +126,7 @@ pub fn header(seq: u64, tag: i32) -> [u8; HEADER_BYTES] {
 pub const REFUSED: u32 = 1 << 31;
 
 /// The acknowledgement of eager message `seq`, written where its CTS would go: `nreqs` 0 and
-/// the bytes the receiver kept in `size`.
+/// the bytes copied (the whole message) in `size`.
 pub fn ack(seq: u64, delivered: u64) -> Cts {
     Cts {
         size: delivered,

@@ -167,6 +167,14 @@ fn slot_of(seq: u64) -> usize {
     usize::try_from(seq % SLOTS as u64).unwrap_or(0)
 }
 
+/// Whether an eager message of `size` bytes for `tag` is copied into receive buffer `b`: only
+/// whole. A larger message goes again by rendezvous and is truncated there, as any send; so a
+/// copied message delivered every byte, which the sender knows without reading the answer
+/// (the receiver may overwrite it first, see [`SendSide::handle_cts`]).
+fn fits(size: u64, b: &RecvBuf, tag: i32) -> bool {
+    b.tag == tag && size <= b.size
+}
+
 /// A receive buffer NCCL posted, already registered.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecvBuf {
@@ -227,6 +235,15 @@ pub enum Answer {
         /// Bytes copied.
         delivered: u64,
     },
+}
+
+impl Answer {
+    /// The message answered.
+    pub fn seq(&self) -> u64 {
+        match *self {
+            Self::Cts { seq, .. } | Self::Ack { seq, .. } => seq,
+        }
+    }
 }
 
 impl CtsPost {
@@ -376,8 +393,9 @@ impl RecvSide {
     /// An eager message arrived (its write-with-immediate completed). Kept for its receive
     /// when that is not posted yet. When the receive was posted first, its CTS already told the
     /// sender what happens: a CTS that promised the copy (a single host-memory receive for this
-    /// tag) gets it now; any other CTS made the sender write the message again by rendezvous or
-    /// renumber it, and the copy is dropped. Messages the sender renumbers are dropped too.
+    /// tag that the whole message fits) gets it now; any other CTS made the sender write the
+    /// message again by rendezvous or renumber it, and the copy is dropped. Messages the sender
+    /// renumbers are dropped too.
     ///
     /// # Errors
     /// `Remote` when the message cannot be one the sender may have sent.
@@ -416,8 +434,8 @@ impl RecvSide {
             ));
         };
         match posted.single {
-            Some(b) if posted.promised && b.tag == header.tag && self.copies(seq) => {
-                let len = a.size.min(b.size);
+            Some(b) if posted.promised && fits(a.size, &b, header.tag) && self.copies(seq) => {
+                let len = a.size;
                 self.slots[slot] = Some(RecvSlot {
                     pending: 0,
                     imm_sum: len,
@@ -477,10 +495,10 @@ impl RecvSide {
         if let Some(a) = arrival {
             if let Some(b) = single
                 && b.host
-                && b.tag == a.tag
+                && fits(a.size, &b, a.tag)
                 && self.copies(seq)
             {
-                let len = a.size.min(b.size);
+                let len = a.size;
                 self.slots[slot] = Some(RecvSlot {
                     n: 1,
                     ringed: false,
@@ -784,12 +802,13 @@ impl Rendezvous {
 
 #[derive(Copy, Clone, Debug)]
 enum SlotState {
-    /// Sent eagerly; `delivered` once the receiver acknowledged it or promised the copy,
-    /// `sent` once the sender's own write completed (NCCL may then reuse the buffer).
+    /// Sent eagerly; `delivered` (whole) once the receiver acknowledged it, promised the copy
+    /// or went past it, `sent` once the sender's own write completed (NCCL may then reuse the
+    /// buffer).
     Eager {
         req: usize,
         buf: SendBuf,
-        delivered: Option<u64>,
+        delivered: bool,
         sent: bool,
     },
     /// By rendezvous: the slot's [`Rendezvous`] holds its CTS and matched sends.
@@ -891,8 +910,9 @@ impl SendSide {
     }
 
     /// `Some((seq, slot))`: the glue should read that CTS ring slot and, once its entries
-    /// carry `seq + 1`, pass them to [`Self::handle_cts`]. The oldest eager message's answer
-    /// comes first; otherwise the next message's CTS, when its slot is free.
+    /// carry `seq + 1`, pass them to [`Self::handle_cts`]; when the first entry carries a later
+    /// number, pass that entry alone. The oldest eager message's answer comes first; otherwise
+    /// the next message's CTS, when its slot is free.
     pub fn wants_cts(&self) -> Option<(u64, usize)> {
         if let Some(&seq) = self.awaiting.front() {
             return Some((seq, slot_of(seq)));
@@ -904,6 +924,12 @@ impl SendSide {
     /// Take the entries the glue read for [`Self::wants_cts`]'s message (all `nreqs` of them,
     /// or the one acknowledgement of an eager message). Returns posts to make now: a refused
     /// eager message written again by rendezvous, or held sends that completed a message.
+    ///
+    /// An eager message's answer can be gone before the sender reads it: a receive that copied
+    /// the message completes without the sender, and NCCL may post the receive after next
+    /// in that slot, whose CTS overwrites the answer. Such a later entry is taken as the
+    /// answer: the message was copied whole. (A message that goes by rendezvous cannot be
+    /// overtaken so: its receive waits for the sender's write.)
     ///
     /// # Errors
     /// `Remote` when the entries are inconsistent (the receiver broke the protocol).
@@ -940,10 +966,34 @@ impl SendSide {
             return Err(Error::misuse(format!("no eager message {seq} in its slot")));
         };
         let first = entries.first().copied().unwrap_or_default();
-        let delivered = if first.nreqs == 0 && entries.len() == 1 && first.seq_plus_one == seq + 1 {
-            // Acknowledged after the copy: the bounce slot was read.
+        let copied = if first.seq_plus_one > seq + 1 {
+            // A later message's CTS in this slot: the receiver completed this message without
+            // the sender, which only a copy does (of the whole message, see `fits`), and wrote
+            // the next receive's CTS over the answer. It read the bounce slot.
+            if !(first.seq_plus_one - 1 - seq).is_multiple_of(SLOTS as u64) {
+                return Err(Error::new(
+                    Kind::Remote,
+                    format!(
+                        "CTS for message {} in the slot of message {seq}",
+                        first.seq_plus_one - 1
+                    ),
+                ));
+            }
             self.unread[slot] = false;
-            Some(first.size)
+            true
+        } else if first.nreqs == 0 && entries.len() == 1 {
+            // Acknowledged after the copy: the bounce slot was read.
+            if first.size != buf.size || first.seq_plus_one != seq + 1 {
+                return Err(Error::new(
+                    Kind::Remote,
+                    format!(
+                        "acknowledged {} bytes of eager message {seq} of {} bytes",
+                        first.size, buf.size
+                    ),
+                ));
+            }
+            self.unread[slot] = false;
+            true
         } else {
             let refusing = refused(entries);
             check_cts(seq, entries)?;
@@ -951,27 +1001,19 @@ impl SendSide {
             if !same {
                 return Ok(self.renumber(seq, entries));
             }
-            // The same message either way: copied on arrival as promised, or written again by
-            // rendezvous into the buffer (in GPU memory) from the one NCCL still holds for us.
-            (!refusing).then(|| buf.size.min(entries[0].size))
+            // The same message either way: copied on arrival as promised when it fits, or
+            // written again by rendezvous into the buffer (in GPU memory, or too small: then
+            // truncated) from the one NCCL still holds for us.
+            !refusing && buf.size <= entries[0].size
         };
         self.awaiting.pop_front();
-        if let Some(size) = delivered {
-            if size > buf.size {
-                return Err(Error::new(
-                    Kind::Remote,
-                    format!(
-                        "acknowledged {size} bytes of eager message {seq} of {} bytes",
-                        buf.size
-                    ),
-                ));
-            }
+        if copied {
             self.slots[slot] = Some(SendSlot {
                 seq,
                 state: SlotState::Eager {
                     req,
                     buf,
-                    delivered: Some(size),
+                    delivered: true,
                     sent,
                 },
             });
@@ -1098,7 +1140,7 @@ impl SendSide {
             state: SlotState::Eager {
                 req,
                 buf,
-                delivered: None,
+                delivered: false,
                 sent: false,
             },
         });
@@ -1266,8 +1308,11 @@ impl SendSide {
         let slot = self.slot_of_request(req)?;
         match &self.slots[slot].as_ref()?.state {
             SlotState::Eager {
-                delivered, sent, ..
-            } => delivered.filter(|_| *sent),
+                buf,
+                delivered,
+                sent,
+                ..
+            } => (*delivered && *sent).then_some(buf.size),
             SlotState::Rendezvous => {
                 let r = &self.rendezvous[slot];
                 (r.posted && r.pending == 0)

@@ -139,8 +139,14 @@ impl Pair {
     /// Read the CTS ring as the glue does, in the order the sender asks for.
     fn read_answers(&mut self) -> Result<()> {
         while let Some((seq, slot)) = self.send.wants_cts() {
-            let first = self.ring[slot * MAX_RECVS].filter(|c| c.seq_plus_one == seq + 1);
+            let first = self.ring[slot * MAX_RECVS].filter(|c| c.seq_plus_one > seq);
             let Some(first) = first else { return Ok(()) };
+            if first.seq_plus_one > seq + 1 {
+                // A later message's CTS stands for an eager message's answer.
+                let posts = self.send.handle_cts(&[first])?;
+                self.queue(&posts);
+                continue;
+            }
             let n = ((first.nreqs & !eager::REFUSED) as usize).max(1);
             let entries: Group<Cts> = self.ring[slot * MAX_RECVS..slot * MAX_RECVS + n]
                 .iter()
@@ -784,15 +790,11 @@ fn a_receive_posted_first_takes_the_rendezvous_path() {
 #[test]
 fn an_eager_message_landing_after_its_receive_was_posted_is_copied_there() {
     let mut p = Pair::eager(EAGER, 1);
-    let a = p.isend(sbuf(100, 300, 1)).unwrap().unwrap();
+    let a = p.isend(sbuf(100, 200, 1)).unwrap().unwrap();
     assert!(is_eager(&a));
     let slot = p.irecv(&[rbuf(8192, 200, 1)]).unwrap();
     p.deliver_all();
-    assert_eq!(
-        p.received(slot),
-        Some(vec![200]),
-        "copied, truncated to the buffer"
-    );
+    assert_eq!(p.received(slot), Some(vec![200]), "copied");
     assert_delivered(&p, 8192, 100, 200);
     assert_eq!(p.sent(a.req), Some(200));
     assert!(p.send.eager_active() && p.recv.eager_active());
@@ -805,6 +807,90 @@ fn an_eager_message_landing_after_its_receive_was_posted_is_copied_there() {
     p.deliver_all();
     assert_eq!(p.received(next), Some(vec![64]));
     assert_delivered(&p, 16_384, 7, 64);
+}
+
+/// A copy is only ever of the whole message (so the sender knows what was delivered without the
+/// answer's size): an eager message larger than its receive goes again by rendezvous and is
+/// truncated there, as any send is (`ncclIbIsend` clamps to the posted size), whether it landed
+/// before the receive was posted or after.
+#[test]
+fn an_eager_message_larger_than_its_receive_goes_again_by_rendezvous_truncated() {
+    for receive_first in [false, true] {
+        let mut p = Pair::eager(EAGER, 1);
+        let a = p.isend(sbuf(100, 300, 1)).unwrap().unwrap();
+        assert!(is_eager(&a));
+        let slot = if receive_first {
+            let slot = p.irecv(&[rbuf(8192, 200, 1)]).unwrap();
+            p.deliver_all();
+            slot
+        } else {
+            p.deliver_all();
+            p.irecv(&[rbuf(8192, 200, 1)]).unwrap()
+        };
+        assert_eq!(p.received(slot), None, "not copied: it does not fit");
+        assert_eq!(
+            p.sent(a.req),
+            None,
+            "the answer made the sender write it again"
+        );
+        p.deliver_all();
+        assert_eq!(
+            p.received(slot),
+            Some(vec![200]),
+            "receive first: {receive_first}"
+        );
+        assert_delivered(&p, 8192, 100, 200);
+        assert_eq!(p.sent(a.req), Some(200));
+        assert!(p.send.eager_active() && p.recv.eager_active());
+    }
+}
+
+/// The hang a pipelined benchmark hit on rxe with 32 in flight: a receive that copied an eager
+/// message completes without the sender, NCCL posts the receives that follow, and the one a
+/// ring later writes its CTS over the answer the sender had not read yet. The sender must take
+/// that CTS as the answer (the message was copied whole), not wait for the overwritten one
+/// forever while the receiver waits for the next message.
+#[test]
+fn an_answer_overwritten_by_the_receive_a_ring_later_still_completes_the_send() {
+    for receive_first in [false, true] {
+        let mut p = Pair::eager(EAGER, 1);
+        let a = p.isend(sbuf(100, 64, 1)).unwrap().unwrap();
+        assert!(is_eager(&a));
+        let first = if receive_first {
+            let slot = p.irecv(&[rbuf(8192, 64, 1)]).unwrap();
+            p.deliver_all();
+            slot
+        } else {
+            p.deliver_all();
+            p.irecv(&[rbuf(8192, 64, 1)]).unwrap()
+        };
+        assert_eq!(p.received(first), Some(vec![64]));
+        assert_delivered(&p, 8192, 100, 64);
+        p.recv.release(first);
+        // A ring of receives, the last one in the copied message's slot.
+        let dst = |i: u64| 16_384 + 64 * i;
+        let recvs: Vec<usize> = (0..SLOTS as u64)
+            .map(|i| p.irecv(&[rbuf(dst(i), 64, 1)]).unwrap())
+            .collect();
+        assert_eq!(
+            recvs.last(),
+            Some(&first),
+            "the answer's slot was written again"
+        );
+        assert_eq!(p.sent(a.req), Some(64), "receive first: {receive_first}");
+        p.send.release(a.req);
+        for (i, &slot) in recvs.iter().enumerate() {
+            let i = i as u64;
+            let s = p.isend(sbuf(1000 + i, 64, 1)).unwrap().unwrap();
+            assert!(!is_eager(&s), "its CTS is there");
+            p.deliver_all();
+            assert_eq!(p.received(slot), Some(vec![64]));
+            assert_delivered(&p, dst(i), 1000 + i, 64);
+            assert_eq!(p.sent(s.req), Some(64));
+            p.send.release(s.req);
+            p.recv.release(slot);
+        }
+    }
 }
 
 #[test]
@@ -1113,5 +1199,75 @@ fn eager_and_rendezvous_messages_mix_in_any_order() {
             round % 2 == 0 || eager > count / 8,
             "round {round}: {eager} of {count} went eager"
         );
+    }
+}
+
+/// Both sides with a full ring in flight, as a pipelined benchmark runs them (32 sends and 32
+/// receives outstanding, each completed in order), at random relative speeds: in some rounds
+/// the sender rarely looks at its ring, so the receiver copies eager messages and goes round
+/// the ring before their answers are read. Every message arrives byte-exact and both sides
+/// finish: a stall (no progress in many steps) fails the test.
+#[test]
+fn a_full_ring_in_flight_on_both_sides_never_stalls() {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for round in 0..60 {
+        let mut p = Pair::eager(EAGER, 3);
+        let count = 6 * SLOTS;
+        // The sender's share of the steps: from one in two down to one in 256.
+        let sender_every = 2 << (round % 8);
+        let mut sends = VecDeque::new();
+        let mut recvs = VecDeque::new();
+        let (mut sent, mut posted, mut idle) = (0, 0, 0);
+        let size_of = |i: usize| (i as u64 * 37) % (EAGER + 64);
+        let src = |i: usize| (i as u64 * 97) % 4096;
+        let dst = |i: usize| 16_384 + (i % SLOTS) as u64 * 8192;
+        while sent < count || !sends.is_empty() || !recvs.is_empty() {
+            idle += 1;
+            assert!(
+                idle < 10_000,
+                "round {round}: stalled at send {sent}, receive {posted}"
+            );
+            let sender_turn = rng.next().is_multiple_of(sender_every);
+            match (sender_turn, rng.next() % 3) {
+                (true, 0) if sent < count && sends.len() < SLOTS => {
+                    if let Some(a) = p.isend(sbuf(src(sent), size_of(sent), 3)).unwrap() {
+                        sends.push_back((sent, a.req));
+                        sent += 1;
+                        idle = 0;
+                    }
+                }
+                (true, _) => {
+                    if let Some(&(i, req)) = sends.front()
+                        && let Some(size) = p.sent(req)
+                    {
+                        assert_eq!(size, size_of(i), "round {round} send {i}");
+                        p.send.release(req);
+                        sends.pop_front();
+                        idle = 0;
+                    }
+                }
+                (false, 0) if posted < count && recvs.len() < SLOTS => {
+                    if let Some(slot) = p.irecv(&[rbuf(dst(posted), 2 * EAGER, 3)]) {
+                        recvs.push_back((posted, slot));
+                        posted += 1;
+                        idle = 0;
+                    }
+                }
+                (false, 1) => p.deliver_all(),
+                (false, _) => {
+                    if let Some(&(i, slot)) = recvs.front()
+                        && let Some(sizes) = p.received(slot)
+                    {
+                        assert_eq!(sizes, vec![size_of(i)], "round {round} message {i}");
+                        assert_delivered(&p, dst(i), src(i), size_of(i));
+                        let at = dst(i) as usize;
+                        p.recv_mem[at..at + 8192].fill(0xee);
+                        p.recv.release(slot);
+                        recvs.pop_front();
+                        idle = 0;
+                    }
+                }
+            }
+        }
     }
 }

@@ -13,6 +13,12 @@ const HELLO_MAGIC: u32 = 0x5253_4948; // "RSIH"
 /// Version of the handshake; both sides must agree.
 pub const PROTOCOL_VERSION: u8 = 3;
 
+/// Revision of the eager path's rules (`core::eager`), sent next to the eager offer. Revision 2:
+/// an eager message is copied only whole, and an answer the receiver overwrote counts as a copy.
+/// Builds of revision 1 (no revision byte) copied truncated messages and must not take part in
+/// the same connection's eager path.
+const EAGER_REVISION: u8 = 2;
+
 /// Largest number of buffers one grouped receive may carry (and CTS entries per slot).
 pub const MAX_RECVS: usize = 8;
 /// Longest device name carried in the handshake (truncated beyond).
@@ -222,7 +228,7 @@ pub struct Hello {
     pub split_data: bool,
     /// The eager capability: the largest eager message this side takes part in (the sender's
     /// offer; the receiver's answer is the agreed size). 0 = none; a peer that predates the
-    /// eager path leaves these bytes zero and ignores ours.
+    /// eager path leaves these bytes zero and ignores ours. Sent with the revision of the eager rules.
     pub eager_bytes: u32,
 }
 
@@ -250,6 +256,7 @@ impl Hello {
         out[24] = self.traffic_class;
         out[25] = self.service_level;
         out[26] = self.role.code();
+        out[27] = EAGER_REVISION;
         out[28..32].copy_from_slice(&self.eager_bytes.to_le_bytes());
         out[32..40].copy_from_slice(&self.connect_nonce.to_le_bytes());
         for (i, q) in self.qpns.iter().take(MAX_CONNECTION_QPS).enumerate() {
@@ -288,6 +295,15 @@ impl Hello {
                 )));
             }
         };
+        let eager_bytes = u32_at(b, 28);
+        if eager_bytes != 0 && b[27] != EAGER_REVISION {
+            return Err(Error::config(format!(
+                "offers eager messages under revision {} of their rules but this plugin follows \
+                 revision {EAGER_REVISION}: run the same plugin version on every node (or set \
+                 NCCL_NET_RS_EAGER_BYTES=0 on every node)",
+                b[27].max(1)
+            )));
+        }
         let (nqps, nmembers) = (usize::from(b[5]), usize::from(b[6]));
         if nqps == 0
             || nqps > MAX_CONNECTION_QPS
@@ -313,7 +329,7 @@ impl Hello {
             traffic_class: b[24],
             service_level: b[25],
             split_data: b[7] != 0,
-            eager_bytes: u32_at(b, 28),
+            eager_bytes,
         })
     }
 
@@ -526,9 +542,21 @@ mod tests {
         let mut h = hello(Role::Connect, 0x100);
         let mut b = h.emit();
         assert_eq!(u32_at(&b, 28), 4096);
-        b[28..32].fill(0);
+        b[27..32].fill(0);
         h.eager_bytes = 0;
         assert_eq!(Hello::parse(&b).unwrap(), h);
+    }
+
+    /// The builds before the eager path's revision byte copied truncated messages: mixing them
+    /// with this one could lose a message, so the handshake stops with the reason.
+    #[test]
+    fn a_hello_offering_eager_messages_under_the_first_revision_is_refused_naming_it() {
+        let mut b = hello(Role::Connect, 0x100).emit();
+        b[27] = 0;
+        let e = Hello::parse(&b).unwrap_err();
+        assert_eq!(e.kind(), crate::core::error::Kind::Config);
+        assert!(e.to_string().contains("revision 1"), "{e}");
+        assert!(e.to_string().contains("NCCL_NET_RS_EAGER_BYTES=0"), "{e}");
     }
 
     #[test]

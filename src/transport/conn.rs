@@ -18,6 +18,12 @@ use crate::verbs::{
 
 /// Bytes of the sender's CTS ring: one slot of `MAX_RECVS` entries per message slot.
 pub(super) const CTS_RING_BYTES: usize = SLOTS * MAX_RECVS * Cts::LEN;
+/// Bytes of the receiver's CTS staging: two rings, alternating by round of the message ring.
+/// A receive that copied an eager message completes without the sender, so the receive after
+/// next in its slot may be posted before the NIC read the answer out of staging; it must not
+/// rewrite those bytes. The one after that is posted only once the sender saw this answer or the
+/// next one in the ring (written after it on the same QP).
+pub(super) const CTS_STAGING_BYTES: usize = 2 * CTS_RING_BYTES;
 /// Bytes of one slot of the receiver's sizes ring (`MAX_RECVS` u64 sizes).
 pub(super) const SIZES_SLOT_BYTES: usize = MAX_RECVS * 8;
 /// Bytes of the sizes ring.
@@ -73,7 +79,7 @@ pub fn pinned_bytes_per_connection(config: &Config, members: usize) -> u64 {
     let send = region(CTS_RING_BYTES) + region(STAGING_BYTES) + qps * queue(SEND_QP_CAPS);
     let bounce = eager::ring_bytes(agreed_eager_bytes(config, qps as usize, u64::MAX));
     let mut recv = region(SIZES_RING_BYTES + bounce as usize)
-        + region(CTS_RING_BYTES)
+        + region(CTS_STAGING_BYTES)
         + qps * queue(RECV_QP_CAPS);
     if config.flush_enabled {
         // One flush QP and a 64-byte scratch region per member.
@@ -512,8 +518,8 @@ mod tests {
         // -> 1 page, 1153 WQEs of 64 B.
         let send = 4 * 4096 + 4096 + 1153 * 64;
         // Receive: sizes ring 2048 B + bounce ring 32 x (16 + 4096) B -> 33 pages, CTS staging
-        // 4 pages, 128 WQEs; flush: 128 WQEs and one scratch page.
-        let recv = 33 * 4096 + 4 * 4096 + 128 * 64 + (128 * 64 + 4096);
+        // (two rings) 8 pages, 128 WQEs; flush: 128 WQEs and one scratch page.
+        let recv = 33 * 4096 + 8 * 4096 + 128 * 64 + (128 * 64 + 4096);
         assert_eq!(pinned_bytes_per_connection(&config, 1), send + recv);
         let no_flush = Config {
             flush_enabled: false,
@@ -522,6 +528,7 @@ mod tests {
         };
         // Several QPs: no eager path, no bounce ring.
         let two = pinned_bytes_per_connection(&no_flush, 2);
-        assert_eq!(two, 2 * (5 * 4096) + 4 * (1153 + 128) * 64);
+        // Send 4 + 1 pages, receive 1 + 8 pages.
+        assert_eq!(two, (5 + 9) * 4096 + 4 * (1153 + 128) * 64);
     }
 }

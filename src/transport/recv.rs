@@ -7,10 +7,10 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::conn::{
-    CTS_RING_BYTES, CTS_SIGNAL_EVERY, Failure, Nonces, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES,
-    SIZES_SLOT_BYTES, WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, check_alive,
-    check_peer, completion_error, describe_eager, describe_local, describe_remote, local_hello,
-    path_params,
+    CTS_RING_BYTES, CTS_SIGNAL_EVERY, CTS_STAGING_BYTES, Failure, Nonces, QpSet, RECV_QP_CAPS,
+    SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV,
+    agreed_eager_bytes, check_alive, check_peer, completion_error, describe_eager, describe_local,
+    describe_remote, local_hello, path_params,
 };
 use super::mr::MrHandle;
 use super::watch::Watched;
@@ -149,7 +149,7 @@ impl RecvComm {
             SIZES_RING_BYTES + eager::ring_bytes(eager_bytes) as usize,
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
-        let cts_staging = HostRegion::new(&pds, CTS_RING_BYTES, Access::LOCAL_WRITE)?;
+        let cts_staging = HostRegion::new(&pds, CTS_STAGING_BYTES, Access::LOCAL_WRITE)?;
         let flush = if ctx.config.flush_enabled {
             ctx.ports
                 .iter()
@@ -261,9 +261,11 @@ impl RecvComm {
             unsafe { self.copy_eager(layout, copy) };
         }
         let offset = cts.slot * MAX_RECVS * Cts::LEN;
+        let round = usize::from((cts.answer.seq() / SLOTS as u64) % 2 == 1);
+        let staged = round * CTS_RING_BYTES + offset;
         let mut len = 0;
         for entry in cts.entries(bufs) {
-            self.cts_staging.write(offset + len, &entry.emit());
+            self.cts_staging.write(staged + len, &entry.emit());
             len += Cts::LEN;
         }
         let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
@@ -271,15 +273,17 @@ impl RecvComm {
         let wr = WorkRequest {
             wr_id: WR_CTS,
             op: Op::Write,
-            local_addr: self.cts_staging.addr(offset),
+            local_addr: self.cts_staging.addr(staged),
             len: len as u32,
             lkey: self.cts_staging.mr(layout.local_member(cts.qp)).lkey(),
             remote_addr: self.remote_ring_addr + offset as u64,
             rkey: self.remote_ring_rkeys[layout.remote_member(cts.qp)],
             signaled,
         };
-        // SAFETY: the staging slot is rewritten only for message seq + SLOTS, which the
-        // receiver posts after message seq completed, i.e. after the sender read this CTS.
+        // SAFETY: these staging bytes are rewritten only for message seq + 2 * SLOTS, posted
+        // after message seq + SLOTS completed, i.e. after the sender read this answer or the
+        // next one in the ring slot, written after this one on the same QP (a connection that
+        // copies eager messages has one QP; otherwise the sender read this answer).
         unsafe { self.qps.qps[cts.qp].post_send(&[wr]) }
     }
 

@@ -374,7 +374,9 @@ impl SendComm {
 
     /// Hand the ring slot's entries to `take` once all of them carry `seq + 1` (the count may
     /// carry the refusal flag); one entry with count 0 is the acknowledgement of an eager
-    /// message. `Ok(None)` while they have not all arrived.
+    /// message, and a first entry of a later message is handed alone (it stands for an eager
+    /// message's answer, see [`SendSide::handle_cts`]). `Ok(None)` while they have not all
+    /// arrived.
     fn read_cts<R>(
         &self,
         seq: u64,
@@ -389,9 +391,14 @@ impl SendComm {
             (self.cts_ring.read_u64_acquire(at + Cts::SEQ_OFFSET) == want)
                 .then(|| Cts::parse(&self.cts_ring.read(at)))
         };
-        let Some(first) = entry(0) else {
+        let first_seq = self.cts_ring.read_u64_acquire(base + Cts::SEQ_OFFSET);
+        if first_seq < want {
             return Ok(None);
-        };
+        }
+        let first = Cts::parse(&self.cts_ring.read(base));
+        if first_seq > want {
+            return take(&[first]).map(Some);
+        }
         let n = (first.nreqs & !eager::REFUSED) as usize;
         if n > MAX_RECVS {
             return Err(Error::new(

@@ -321,6 +321,54 @@ fn credits_run_out_after_a_ring_of_eager_messages(cx: &mut Cx) {
     }
 }
 
+/// An eager message larger than the receive posted for it is not copied (a copy is only ever
+/// of the whole message): the sender writes it again by rendezvous, truncated to the posted size
+/// as any send (`ncclIbIsend` clamps to the CTS size), and both sides report that size.
+fn an_eager_message_larger_than_its_receive_is_truncated_by_rendezvous(cx: &mut Cx) {
+    const SENT: usize = 3000;
+    const POSTED: usize = 1000;
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        warm_up(cx, rc, 4);
+        std::thread::sleep(LATE);
+        let mut buf = vec![0xa5u8; 2 * SENT];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let req = cx.net.irecv(rc, &[(buf.as_mut_ptr(), POSTED, 4, mh)]);
+        assert_eq!(
+            cx.net.wait(req)[0],
+            POSTED as i32,
+            "the posted size arrived"
+        );
+        assert!(buf[..POSTED] == pattern(60, SENT)[..POSTED]);
+        assert!(
+            buf[POSTED..].iter().all(|&b| b == 0xa5),
+            "nothing written past the posted buffer"
+        );
+        cx.net.dereg_mr(rc, mh);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        warm_up(cx, sc, 4);
+        let mut buf = pattern(60, SENT);
+        let mh = cx.net.reg_mr(sc, &mut buf);
+        let send = Send {
+            sc,
+            data: buf.as_mut_ptr(),
+            size: SENT,
+            tag: 4,
+            mh,
+        };
+        let req = send.eagerly(cx, "a send under the threshold");
+        assert_eq!(
+            cx.net.wait(req)[0],
+            POSTED as i32,
+            "the sender completes with the truncated size"
+        );
+        cx.net.dereg_mr(sc, mh);
+        cx.net.close_send(sc);
+    }
+}
+
 /// A peer without the eager path (`NCCL_NET_RS_EAGER_BYTES=0`, which is also what an older
 /// plugin's handshake says): small sends wait for their CTS in both directions of the mix, and
 /// the data arrives as before.
@@ -375,6 +423,12 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         name: "eager/credits_run_out_after_a_ring_of_messages",
         ranks: 2,
         run: credits_run_out_after_a_ring_of_eager_messages,
+        env: &[],
+    },
+    Scenario {
+        name: "eager/larger_than_its_receive_is_truncated_by_rendezvous",
+        ranks: 2,
+        run: an_eager_message_larger_than_its_receive_is_truncated_by_rendezvous,
         env: &[],
     },
     Scenario {
