@@ -21,18 +21,28 @@ fn bench(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// A verified sweep on rxe0 with `args` (sizes, counts, modes), in JSON; fails the test with
+/// the benchmark's output when it fails (or hangs).
+fn verified_sweep(args: &[&str]) -> serde_json::Value {
+    let plugin = support::plugin_path();
+    let mut all = vec!["--plugin", plugin.to_str().unwrap(), "--dev", "rxe0"];
+    all.extend_from_slice(args);
+    all.extend(["--verify", "--json"]);
+    let (ok, stdout, stderr) = bench(&all);
+    assert!(
+        ok,
+        "benchmark failed (a hang is killed after 300 s):\n{stdout}\n{stderr}"
+    );
+    serde_json::from_str(&stdout).unwrap()
+}
+
 #[test]
 fn sweep_reports_every_size_with_verified_data() {
     assert!(
         std::path::Path::new("/sys/class/infiniband/rxe0").exists(),
         "run through scripts/rdma-vm.sh"
     );
-    let plugin = support::plugin_path();
-    let (ok, stdout, stderr) = bench(&[
-        "--plugin",
-        plugin.to_str().unwrap(),
-        "--dev",
-        "rxe0",
+    let doc = verified_sweep(&[
         "--min",
         "8",
         "--max",
@@ -41,16 +51,9 @@ fn sweep_reports_every_size_with_verified_data() {
         "2M",
         "--lat-iters",
         "20",
-        "--verify",
-        "--json",
     ]);
-    assert!(ok, "benchmark failed:\n{stdout}\n{stderr}");
-    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(doc["name"], "RsIB", "{stdout}");
-    assert!(
-        doc["device"].as_str().unwrap().starts_with("rxe0"),
-        "{stdout}"
-    );
+    assert_eq!(doc["name"], "RsIB", "{doc}");
+    assert!(doc["device"].as_str().unwrap().starts_with("rxe0"), "{doc}");
     let rows = doc["results"].as_array().unwrap();
     let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
     let expected: Vec<u64> = (3..=20).map(|p| 1 << p).collect();
@@ -72,12 +75,7 @@ fn sweep_reports_every_size_with_verified_data() {
 /// hang this ping-pong (it did, while a CTS written first made the sender write again).
 #[test]
 fn late_receives_ping_pong_through_the_eager_path_without_waiting_on_the_sender() {
-    let plugin = support::plugin_path();
-    let (ok, stdout, stderr) = bench(&[
-        "--plugin",
-        plugin.to_str().unwrap(),
-        "--dev",
-        "rxe0",
+    let doc = verified_sweep(&[
         "--min",
         "8",
         "--max",
@@ -87,13 +85,9 @@ fn late_receives_ping_pong_through_the_eager_path_without_waiting_on_the_sender(
         "--lat-iters",
         "300",
         "--recv-late",
-        "--verify",
-        "--json",
     ]);
-    assert!(ok, "benchmark failed:\n{stdout}\n{stderr}");
-    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let rows = doc["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 12, "8 B to 16 KiB: {stdout}");
+    assert_eq!(rows.len(), 12, "8 B to 16 KiB: {doc}");
     for row in rows {
         assert_eq!(row["verified"], true, "data not verified: {row}");
         assert!(row["lat_us"].as_f64().unwrap() > 0.0, "{row}");
@@ -107,12 +101,7 @@ fn late_receives_ping_pong_through_the_eager_path_without_waiting_on_the_sender(
 /// hung in about half of these runs.
 #[test]
 fn a_full_ring_in_flight_through_the_eager_path_completes_verified() {
-    let plugin = support::plugin_path();
-    let (ok, stdout, stderr) = bench(&[
-        "--plugin",
-        plugin.to_str().unwrap(),
-        "--dev",
-        "rxe0",
+    let doc = verified_sweep(&[
         "--min",
         "8",
         "--max",
@@ -123,16 +112,9 @@ fn a_full_ring_in_flight_through_the_eager_path_completes_verified() {
         "3000",
         "--lat-iters",
         "20",
-        "--verify",
-        "--json",
     ]);
-    assert!(
-        ok,
-        "benchmark failed (a hang is killed after 300 s):\n{stdout}\n{stderr}"
-    );
-    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let rows = doc["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 10, "8 B to 4 KiB: {stdout}");
+    assert_eq!(rows.len(), 10, "8 B to 4 KiB: {doc}");
     for row in rows {
         assert_eq!(row["verified"], true, "data not verified: {row}");
         assert_eq!(row["iters"], 3000, "{row}");

@@ -242,6 +242,19 @@ impl Pair {
         }
     }
 
+    /// Deliver what is on the wire (an eager message) and post a receive of `buf`, the receive
+    /// first or the delivery first; the receive's slot.
+    fn land_and_receive(&mut self, receive_first: bool, buf: RecvBuf) -> usize {
+        if receive_first {
+            let slot = self.irecv(&[buf]).unwrap();
+            self.deliver_all();
+            slot
+        } else {
+            self.deliver_all();
+            self.irecv(&[buf]).unwrap()
+        }
+    }
+
     /// Received sizes of the request in `slot`, as `test` reports them.
     fn received(&self, slot: usize) -> Option<Vec<u64>> {
         let done = self.recv.poll_done(slot)?;
@@ -819,14 +832,7 @@ fn an_eager_message_larger_than_its_receive_goes_again_by_rendezvous_truncated()
         let mut p = Pair::eager(EAGER, 1);
         let a = p.isend(sbuf(100, 300, 1)).unwrap().unwrap();
         assert!(is_eager(&a));
-        let slot = if receive_first {
-            let slot = p.irecv(&[rbuf(8192, 200, 1)]).unwrap();
-            p.deliver_all();
-            slot
-        } else {
-            p.deliver_all();
-            p.irecv(&[rbuf(8192, 200, 1)]).unwrap()
-        };
+        let slot = p.land_and_receive(receive_first, rbuf(8192, 200, 1));
         assert_eq!(p.received(slot), None, "not copied: it does not fit");
         assert_eq!(
             p.sent(a.req),
@@ -856,14 +862,7 @@ fn an_answer_overwritten_by_the_receive_a_ring_later_still_completes_the_send() 
         let mut p = Pair::eager(EAGER, 1);
         let a = p.isend(sbuf(100, 64, 1)).unwrap().unwrap();
         assert!(is_eager(&a));
-        let first = if receive_first {
-            let slot = p.irecv(&[rbuf(8192, 64, 1)]).unwrap();
-            p.deliver_all();
-            slot
-        } else {
-            p.deliver_all();
-            p.irecv(&[rbuf(8192, 64, 1)]).unwrap()
-        };
+        let first = p.land_and_receive(receive_first, rbuf(8192, 64, 1));
         assert_eq!(p.received(first), Some(vec![64]));
         assert_delivered(&p, 8192, 100, 64);
         p.recv.release(first);
@@ -1129,6 +1128,55 @@ fn a_bounce_slot_is_not_written_again_before_the_receiver_read_it() {
     );
 }
 
+/// Messages `(index, request or slot)` in flight in a random-traffic test, oldest first; message
+/// `i` carries `size(i)` bytes from `src(i)` into `dst(i)`.
+struct InFlight<'a> {
+    sends: VecDeque<(usize, usize)>,
+    recvs: VecDeque<(usize, usize)>,
+    size: &'a dyn Fn(usize) -> u64,
+    src: &'a dyn Fn(usize) -> u64,
+    dst: &'a dyn Fn(usize) -> u64,
+}
+
+impl InFlight<'_> {
+    fn is_empty(&self) -> bool {
+        self.sends.is_empty() && self.recvs.is_empty()
+    }
+
+    /// Complete the oldest receive when it is done: its size and bytes checked, its buffer wiped
+    /// for the message a ring later. True when it completed.
+    fn finish_receive(&mut self, p: &mut Pair, round: usize) -> bool {
+        let Some(&(i, slot)) = self.recvs.front() else {
+            return false;
+        };
+        let Some(sizes) = p.received(slot) else {
+            return false;
+        };
+        let (size, dst) = ((self.size)(i), (self.dst)(i));
+        assert_eq!(sizes, vec![size], "round {round} message {i}");
+        assert_delivered(p, dst, (self.src)(i), size);
+        p.recv_mem[dst as usize..dst as usize + 8192].fill(0xee);
+        p.recv.release(slot);
+        self.recvs.pop_front();
+        true
+    }
+
+    /// Complete the oldest send when it is done, checking the size it reports. True when it
+    /// completed.
+    fn finish_send(&mut self, p: &mut Pair, round: usize) -> bool {
+        let Some(&(i, req)) = self.sends.front() else {
+            return false;
+        };
+        let Some(size) = p.sent(req) else {
+            return false;
+        };
+        assert_eq!(size, (self.size)(i), "round {round} send {i}");
+        p.send.release(req);
+        self.sends.pop_front();
+        true
+    }
+}
+
 /// Random interleavings of both paths: each message is posted receive-first or send-first,
 /// sized around the threshold, sent from host or GPU memory, with deliveries at random points
 /// (receives stay in host memory: one refusal ends the eager path, tested on its own). Every
@@ -1139,55 +1187,45 @@ fn eager_and_rendezvous_messages_mix_in_any_order() {
     for round in 0..40 {
         let mut p = Pair::eager(EAGER, 3);
         let count = 3 * SLOTS;
-        let mut sends = VecDeque::new();
-        let mut recvs = VecDeque::new();
         let (mut sent, mut posted, mut eager) = (0, 0, 0);
-        let size_of = |i: usize| [0, 8, EAGER - 1, EAGER, EAGER + 1, 100][i % 6] + (i / 6) as u64;
+        let size = |i: usize| [0, 8, EAGER - 1, EAGER, EAGER + 1, 100][i % 6] + (i / 6) as u64;
         let src = |i: usize| (i as u64 * 97) % 4096;
         let dst = |i: usize| 16_384 + (i % SLOTS) as u64 * 8192;
-        while sent < count || posted < count || !sends.is_empty() || !recvs.is_empty() {
+        let mut fly = InFlight {
+            sends: VecDeque::new(),
+            recvs: VecDeque::new(),
+            size: &size,
+            src: &src,
+            dst: &dst,
+        };
+        while sent < count || posted < count || !fly.is_empty() {
             match rng.next() % 4 {
-                0 if sent < count && sends.len() < SLOTS => {
+                0 if sent < count && fly.sends.len() < SLOTS => {
                     let host = !rng.next().is_multiple_of(5);
                     let buf = SendBuf {
                         host,
-                        ..sbuf(src(sent), size_of(sent), 3)
+                        ..sbuf(src(sent), size(sent), 3)
                     };
                     if let Some(a) = p.isend(buf).unwrap() {
                         eager += usize::from(is_eager(&a));
-                        sends.push_back((sent, a.req));
+                        fly.sends.push_back((sent, a.req));
                         sent += 1;
                     }
                 }
                 // In odd rounds receives lag: message i's receive only after send i - 1.
                 1 if posted < count
-                    && recvs.len() < SLOTS / 2
+                    && fly.recvs.len() < SLOTS / 2
                     && (round % 2 == 0 || posted <= sent) =>
                 {
                     if let Some(slot) = p.irecv(&[rbuf(dst(posted), 2 * EAGER, 3)]) {
-                        recvs.push_back((posted, slot));
+                        fly.recvs.push_back((posted, slot));
                         posted += 1;
                     }
                 }
                 2 => p.deliver_all(),
                 _ => {
-                    if let Some(&(i, slot)) = recvs.front()
-                        && let Some(sizes) = p.received(slot)
-                    {
-                        assert_eq!(sizes, vec![size_of(i)], "round {round} message {i}");
-                        assert_delivered(&p, dst(i), src(i), size_of(i));
-                        let at = dst(i) as usize;
-                        p.recv_mem[at..at + 8192].fill(0xee);
-                        p.recv.release(slot);
-                        recvs.pop_front();
-                    }
-                    if let Some(&(i, req)) = sends.front()
-                        && let Some(size) = p.sent(req)
-                    {
-                        assert_eq!(size, size_of(i), "round {round} send {i}");
-                        p.send.release(req);
-                        sends.pop_front();
-                    }
+                    fly.finish_receive(&mut p, round);
+                    fly.finish_send(&mut p, round);
                 }
             }
         }
@@ -1215,58 +1253,51 @@ fn a_full_ring_in_flight_on_both_sides_never_stalls() {
         let count = 6 * SLOTS;
         // The sender's share of the steps: from one in two down to one in 256.
         let sender_every = 2 << (round % 8);
-        let mut sends = VecDeque::new();
-        let mut recvs = VecDeque::new();
         let (mut sent, mut posted, mut idle) = (0, 0, 0);
-        let size_of = |i: usize| (i as u64 * 37) % (EAGER + 64);
+        let size = |i: usize| (i as u64 * 37) % (EAGER + 64);
         let src = |i: usize| (i as u64 * 97) % 4096;
         let dst = |i: usize| 16_384 + (i % SLOTS) as u64 * 8192;
-        while sent < count || !sends.is_empty() || !recvs.is_empty() {
+        let mut fly = InFlight {
+            sends: VecDeque::new(),
+            recvs: VecDeque::new(),
+            size: &size,
+            src: &src,
+            dst: &dst,
+        };
+        while sent < count || !fly.is_empty() {
             idle += 1;
             assert!(
                 idle < 10_000,
                 "round {round}: stalled at send {sent}, receive {posted}"
             );
             let sender_turn = rng.next().is_multiple_of(sender_every);
-            match (sender_turn, rng.next() % 3) {
-                (true, 0) if sent < count && sends.len() < SLOTS => {
-                    if let Some(a) = p.isend(sbuf(src(sent), size_of(sent), 3)).unwrap() {
-                        sends.push_back((sent, a.req));
-                        sent += 1;
-                        idle = 0;
-                    }
+            let progressed = match (sender_turn, rng.next() % 3) {
+                (true, 0) if sent < count && fly.sends.len() < SLOTS => {
+                    let accepted = p.isend(sbuf(src(sent), size(sent), 3)).unwrap();
+                    accepted
+                        .map(|a| {
+                            fly.sends.push_back((sent, a.req));
+                            sent += 1;
+                        })
+                        .is_some()
                 }
-                (true, _) => {
-                    if let Some(&(i, req)) = sends.front()
-                        && let Some(size) = p.sent(req)
-                    {
-                        assert_eq!(size, size_of(i), "round {round} send {i}");
-                        p.send.release(req);
-                        sends.pop_front();
-                        idle = 0;
-                    }
-                }
-                (false, 0) if posted < count && recvs.len() < SLOTS => {
-                    if let Some(slot) = p.irecv(&[rbuf(dst(posted), 2 * EAGER, 3)]) {
-                        recvs.push_back((posted, slot));
+                (true, _) => fly.finish_send(&mut p, round),
+                (false, 0) if posted < count && fly.recvs.len() < SLOTS => {
+                    let slot = p.irecv(&[rbuf(dst(posted), 2 * EAGER, 3)]);
+                    slot.map(|slot| {
+                        fly.recvs.push_back((posted, slot));
                         posted += 1;
-                        idle = 0;
-                    }
+                    })
+                    .is_some()
                 }
-                (false, 1) => p.deliver_all(),
-                (false, _) => {
-                    if let Some(&(i, slot)) = recvs.front()
-                        && let Some(sizes) = p.received(slot)
-                    {
-                        assert_eq!(sizes, vec![size_of(i)], "round {round} message {i}");
-                        assert_delivered(&p, dst(i), src(i), size_of(i));
-                        let at = dst(i) as usize;
-                        p.recv_mem[at..at + 8192].fill(0xee);
-                        p.recv.release(slot);
-                        recvs.pop_front();
-                        idle = 0;
-                    }
+                (false, 1) => {
+                    p.deliver_all();
+                    false
                 }
+                (false, _) => fly.finish_receive(&mut p, round),
+            };
+            if progressed {
+                idle = 0;
             }
         }
     }
