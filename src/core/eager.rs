@@ -23,12 +23,12 @@
 //! So no answer costs an extra write, and a send that went eagerly into a legal receive needs
 //! nothing more from the sender's side to be delivered. A copy is always of the whole message,
 //! so the sender needs nothing from the answer but its arrival, and an answer the receiver
-//! overwrote (the copied receive completed, and the receive after next in the slot posted its
-//! CTS there) still tells it: only a copy lets the receiver go past a message on its own. A grouped receive or a receive for
-//! another tag numbers the messages that follow differently than the eager sends assumed: the
-//! sender takes those sends back and matches them to the CTS entries in sending order, the
-//! receiver drops the eager messages from that point unanswered, and both sides stop using the
-//! eager path on that connection.
+//! overwrote (the copied receive completed, and the next receive in its slot, a ring later,
+//! posted its CTS there) still tells it: only a copy lets the receiver go past a message on its
+//! own. A grouped receive or a receive for another tag numbers the messages that follow
+//! differently than the eager sends assumed: the sender takes those sends back and matches them
+//! to the CTS entries in sending order, the receiver drops the eager messages from that point
+//! unanswered, and both sides stop using the eager path on that connection.
 //!
 //! Eager messages are used only on connections of one QP: everything then travels in one
 //! ordered queue, so an eager message always reaches the receiver before the rendezvous write

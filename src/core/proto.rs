@@ -926,8 +926,8 @@ impl SendSide {
     /// eager message written again by rendezvous, or held sends that completed a message.
     ///
     /// An eager message's answer can be gone before the sender reads it: a receive that copied
-    /// the message completes without the sender, and NCCL may post the receive after next
-    /// in that slot, whose CTS overwrites the answer. Such a later entry is taken as the
+    /// the message completes without the sender, and NCCL may post the next receive in that
+    /// slot (a ring later), whose CTS overwrites the answer. Such a later entry is taken as the
     /// answer: the message was copied whole. (A message that goes by rendezvous cannot be
     /// overtaken so: its receive waits for the sender's write.)
     ///

@@ -15,8 +15,8 @@ pub const PROTOCOL_VERSION: u8 = 3;
 
 /// Revision of the eager path's rules (`core::eager`), sent next to the eager offer. Revision 2:
 /// an eager message is copied only whole, and an answer the receiver overwrote counts as a copy.
-/// Builds of revision 1 (no revision byte) copied truncated messages and must not take part in
-/// the same connection's eager path.
+/// Builds of revision 1 (no revision byte: zero) copied truncated messages and must not share a
+/// connection's eager path with this one.
 const EAGER_REVISION: u8 = 2;
 
 /// Largest number of buffers one grouped receive may carry (and CTS entries per slot).
@@ -228,7 +228,8 @@ pub struct Hello {
     pub split_data: bool,
     /// The eager capability: the largest eager message this side takes part in (the sender's
     /// offer; the receiver's answer is the agreed size). 0 = none; a peer that predates the
-    /// eager path leaves these bytes zero and ignores ours. Sent with the revision of the eager rules.
+    /// eager path leaves these bytes zero and ignores ours. Sent with the revision of the eager
+    /// rules (byte 27); an offer under another revision is refused.
     pub eager_bytes: u32,
 }
 

@@ -19,10 +19,10 @@ use crate::verbs::{
 /// Bytes of the sender's CTS ring: one slot of `MAX_RECVS` entries per message slot.
 pub(super) const CTS_RING_BYTES: usize = SLOTS * MAX_RECVS * Cts::LEN;
 /// Bytes of the receiver's CTS staging: two rings, alternating by round of the message ring.
-/// A receive that copied an eager message completes without the sender, so the receive after
-/// next in its slot may be posted before the NIC read the answer out of staging; it must not
-/// rewrite those bytes. The one after that is posted only once the sender saw this answer or the
-/// next one in the ring (written after it on the same QP).
+/// A receive that copied an eager message completes without the sender, so the next receive in
+/// its slot (a ring later) may be posted before the NIC read the answer out of staging; it must
+/// not rewrite those bytes. The receive two rings later is posted only once the sender saw this
+/// answer or the next one in the slot (written after it on the same QP).
 pub(super) const CTS_STAGING_BYTES: usize = 2 * CTS_RING_BYTES;
 /// Bytes of one slot of the receiver's sizes ring (`MAX_RECVS` u64 sizes).
 pub(super) const SIZES_SLOT_BYTES: usize = MAX_RECVS * 8;
