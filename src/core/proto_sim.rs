@@ -141,13 +141,12 @@ impl Pair {
         while let Some((seq, slot)) = self.send.wants_cts() {
             let first = self.ring[slot * MAX_RECVS].filter(|c| c.seq_plus_one > seq);
             let Some(first) = first else { return Ok(()) };
-            if first.seq_plus_one > seq + 1 {
-                // A later message's CTS stands for an eager message's answer.
-                let posts = self.send.handle_cts(&[first])?;
-                self.queue(&posts);
-                continue;
-            }
-            let n = ((first.nreqs & !eager::REFUSED) as usize).max(1);
+            // A later message's CTS stands for an eager message's answer: its first entry alone.
+            let n = if first.seq_plus_one > seq + 1 {
+                1
+            } else {
+                ((first.nreqs & !eager::REFUSED) as usize).max(1)
+            };
             let entries: Group<Cts> = self.ring[slot * MAX_RECVS..slot * MAX_RECVS + n]
                 .iter()
                 .flatten()
