@@ -12,6 +12,7 @@ use cudarc::driver::sys;
 use once_cell::sync::OnceCell;
 
 use crate::core::error::{Error, Kind, Result};
+use crate::topology::GpuExport;
 
 /// Where a pointer's memory lives.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -95,6 +96,48 @@ pub fn memory_kind(ptr: *const c_void) -> Result<MemoryKind> {
             format!("cuPointerGetAttribute failed: {rc:?}"),
         )),
     }
+}
+
+/// How many of the GPUs the driver sees can export their memory as DMA-BUF
+/// (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`, what NCCL asks before using DMA-BUF).
+///
+/// # Errors
+/// `Cuda` without a driver, or when the driver cannot count its GPUs or answer the attribute.
+pub fn dmabuf_exporting_gpus() -> Result<GpuExport> {
+    driver()?;
+    let mut total: i32 = 0;
+    // SAFETY: out-parameter of the right type.
+    match raw_call("cuDeviceGetCount", || unsafe {
+        sys::cuDeviceGetCount(&raw mut total)
+    })? {
+        sys::CUresult::CUDA_SUCCESS => {}
+        sys::CUresult::CUDA_ERROR_NO_DEVICE => total = 0,
+        rc => {
+            return Err(Error::new(
+                Kind::Cuda,
+                format!("cuDeviceGetCount failed: {rc:?}"),
+            ));
+        }
+    }
+    let mut exporting = 0;
+    for ordinal in 0..total {
+        let mut device: sys::CUdevice = 0;
+        // SAFETY: out-parameter of the right type; `ordinal` is below the count.
+        call("cuDeviceGet", || unsafe {
+            sys::cuDeviceGet(&raw mut device, ordinal)
+        })?;
+        let mut flag: i32 = 0;
+        let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED;
+        // SAFETY: out-parameter of the right type for an integer attribute.
+        call("cuDeviceGetAttribute(DMA_BUF_SUPPORTED)", || unsafe {
+            sys::cuDeviceGetAttribute(&raw mut flag, attribute, device)
+        })?;
+        exporting += u32::from(flag != 0);
+    }
+    Ok(GpuExport::Gpus {
+        exporting,
+        total: total.unsigned_abs(),
+    })
 }
 
 /// A DMA-BUF fd for `len` bytes of GPU memory at `dptr` (page-aligned, as the driver requires).

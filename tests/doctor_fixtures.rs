@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use nccl_net::core::error::Error;
 use nccl_net::doctor::{Finding, NodeFacts, Roots, Severity, node_checks};
 use nccl_net::plugin::GpuFacts;
-use nccl_net::topology::{HcaPort, LinkLayer, PeerMem, SysfsRoot};
+use nccl_net::topology::{GpuExport, HcaPort, LinkLayer, PeerMem, SysfsRoot};
 use nccl_net::verbs::Discovery;
 
 /// One port as the fixture describes it: verbs' view and what sysfs shows.
@@ -54,6 +54,8 @@ struct Node {
     ports: Vec<HcaPort>,
     env: Vec<(&'static str, String)>,
     cuda: bool,
+    /// What the CUDA driver says of the GPUs (with `cuda` only).
+    gpu_export: GpuExport,
     hypervisor: Option<String>,
     dmabuf: Result<(), String>,
     discovery_error: Option<i32>,
@@ -80,6 +82,10 @@ impl Node {
             ports: Vec::new(),
             env: Vec::new(),
             cuda: false,
+            gpu_export: GpuExport::Gpus {
+                exporting: 1,
+                total: 1,
+            },
             hypervisor: None,
             dmabuf: Err("Operation not supported (os error 95)".into()),
             discovery_error: None,
@@ -229,6 +235,11 @@ impl Node {
                 Ok(())
             } else {
                 Err("libcuda.so not found".into())
+            },
+            gpu_export: if self.cuda {
+                self.gpu_export.clone()
+            } else {
+                GpuExport::Unknown("libcuda.so not found".into())
             },
             peermem: PeerMem::detect(&sysfs, None),
             hypervisor: self.hypervisor.clone(),
@@ -707,7 +718,7 @@ fn peer_memory_every_state() {
     let f = one(
         &stuck.check("gdr.peermem"),
         Severity::Warn,
-        "nvidia_peermem is loaded but not registered, and DMA-BUF is unavailable",
+        "nvidia_peermem is loaded but not registered, and no device takes DMA-BUF (see gdr.dmabuf)",
     );
     assert!(f.fix.unwrap().contains("modprobe -r nvidia_peermem"));
 
@@ -716,14 +727,39 @@ fn peer_memory_every_state() {
     one(
         &absent.check("gdr.peermem"),
         Severity::Warn,
-        "no peer-memory module and no DMA-BUF",
+        "no peer-memory module, and no device takes DMA-BUF (see gdr.dmabuf)",
     );
     absent.dmabuf = Ok(());
-    one(
+    let f = one(
         &absent.check("gdr.peermem"),
         Severity::Info,
         "not needed: GPUDirect RDMA goes through DMA-BUF",
     );
+    assert_eq!(f.evidence[1].value, "1 of 1 GPUs export it");
+    // NCCL takes DMA-BUF only from a GPU that exports it (init.cc dmaBufSupported).
+    absent.gpu_export = GpuExport::Gpus {
+        exporting: 0,
+        total: 2,
+    };
+    one(
+        &absent.check("gdr.peermem"),
+        Severity::Warn,
+        "no peer-memory module, and DMA-BUF supported by the NIC; none of the 2 GPUs exports it",
+    );
+}
+
+/// A GPU node without an RDMA device (seen on an H100 machine): nothing says DMA-BUF is missing,
+/// it cannot be probed.
+#[test]
+fn peer_memory_without_an_rdma_device_is_unknown_not_a_missing_dmabuf() {
+    let mut bare = Node::new("pm-nodev");
+    bare.cuda = true;
+    let f = one(
+        &bare.check("gdr.peermem"),
+        Severity::Unknown,
+        "no peer-memory module, and DMA-BUF cannot be probed without an RDMA device (see plugin.devices)",
+    );
+    assert_eq!(f.depends_on, Some("plugin.devices"));
 }
 
 #[test]
@@ -743,6 +779,22 @@ fn dmabuf_verdict_per_device_with_the_plugin_line() {
         "mlx5_0: GPUDirect RDMA on through DMA-BUF",
     );
     assert_eq!(f.evidence[0].value, "DMA-BUF supported");
+    supported.gpu_export = GpuExport::Gpus {
+        exporting: 0,
+        total: 1,
+    };
+    let f = one(
+        &supported.check("gdr.dmabuf"),
+        Severity::Warn,
+        "DMA-BUF supported by the NIC; none of the 1 GPUs exports it",
+    );
+    assert!(f.fix.unwrap().contains("open GPU kernel module"));
+    supported.write("sys/kernel/mm/memory_peers/nv_mem/version", "1.0\n");
+    one(
+        &supported.check("gdr.dmabuf"),
+        Severity::Info,
+        "GPUDirect RDMA on through peer memory",
+    );
 
     let mut unsupported = healthy("db-no");
     unsupported.cuda = true;

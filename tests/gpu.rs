@@ -7,6 +7,7 @@ use std::io::{Seek, SeekFrom};
 
 use nccl_net::core::error::Kind;
 use nccl_net::cuda::{self, DeviceBuffer, MemoryKind};
+use nccl_net::topology::GpuExport;
 
 /// True when there is no usable GPU; the test then prints why it skipped.
 fn no_gpu(test: &str) -> bool {
@@ -49,6 +50,28 @@ fn gpu_dmabuf_fd_is_exported_for_a_cumemalloc_buffer() {
     assert!(size >= len as u64, "DMA-BUF of {size} bytes for {len}");
 }
 
+/// The attribute NCCL asks before it uses DMA-BUF (init.cc `dmaBufSupported`): read for every
+/// GPU, and consistent with an actual export from GPU 0.
+#[test]
+fn gpu_dmabuf_export_support_is_read_for_every_gpu() {
+    if no_gpu("gpu_dmabuf_export_support_is_read_for_every_gpu") {
+        return;
+    }
+    let GpuExport::Gpus { exporting, total } = cuda::dmabuf_exporting_gpus().unwrap() else {
+        panic!("the driver answered no count");
+    };
+    assert!(total >= 1 && exporting <= total, "{exporting} of {total}");
+    let buffer = DeviceBuffer::alloc(2 << 20).unwrap();
+    let exported = cuda::export_dmabuf(buffer.addr(), buffer.len()).is_ok();
+    assert_eq!(
+        exported,
+        exporting > 0,
+        "export from GPU 0 {} but {exporting} of {total} GPUs report the attribute",
+        if exported { "works" } else { "fails" }
+    );
+    println!("{}", GpuExport::Gpus { exporting, total });
+}
+
 #[test]
 fn cuda_absent_means_errors_not_panics() {
     if cuda::driver().is_ok() {
@@ -65,6 +88,10 @@ fn cuda_absent_means_errors_not_panics() {
     );
     assert_eq!(
         cuda::export_dmabuf(0x7000_0000, 4096).unwrap_err().kind(),
+        Kind::Cuda
+    );
+    assert_eq!(
+        cuda::dmabuf_exporting_gpus().unwrap_err().kind(),
         Kind::Cuda
     );
     assert_eq!(DeviceBuffer::alloc(4096).unwrap_err().kind(), Kind::Cuda);

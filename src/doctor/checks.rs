@@ -145,11 +145,7 @@ fn nothing_to_check(check: &'static str, facts: &NodeFacts) -> Option<Vec<Findin
     if !facts.survey.devices.is_empty() {
         return None;
     }
-    let cause = if facts.survey.discovery.is_err() {
-        "verbs.provider"
-    } else {
-        "plugin.devices"
-    };
+    let cause = no_device_cause(facts);
     Some(vec![
         Finding::new(
             Severity::Skip,
@@ -159,6 +155,15 @@ fn nothing_to_check(check: &'static str, facts: &NodeFacts) -> Option<Vec<Findin
         )
         .depends_on(cause),
     ])
+}
+
+/// The check that explains why no device was surveyed.
+fn no_device_cause(facts: &NodeFacts) -> &'static str {
+    if facts.survey.discovery.is_err() {
+        "verbs.provider"
+    } else {
+        "plugin.devices"
+    }
 }
 
 fn verbs_provider(facts: &NodeFacts) -> Vec<Finding> {
@@ -762,12 +767,32 @@ fn roce_gid(facts: &NodeFacts) -> Vec<Finding> {
 fn gdr_peermem(facts: &NodeFacts) -> Vec<Finding> {
     const CHECK: &str = "gdr.peermem";
     let g = &facts.gpu;
-    let dmabuf_anywhere = facts.survey.devices.iter().any(|d| d.memory.dmabuf);
+    let devices = &facts.survey.devices;
+    let dmabuf_anywhere = devices.iter().any(|d| d.memory.dmabuf);
+    // Why DMA-BUF cannot stand in for peer memory: nothing to probe, the GPUs, or the NICs.
+    let no_dmabuf = if devices.is_empty() {
+        format!(
+            "DMA-BUF cannot be probed without an RDMA device (see {})",
+            no_device_cause(facts)
+        )
+    } else if devices.iter().any(|d| d.dmabuf == DmaBuf::Supported) {
+        format!("DMA-BUF supported by the NIC; {}", g.gpu_export)
+    } else {
+        "no device takes DMA-BUF (see gdr.dmabuf)".to_owned()
+    };
     let evidence = |f: Finding| {
-        f.evidence(
+        let f = f.evidence(
             "/sys/kernel/mm/memory_peers, /sys/module/nvidia_peermem, /proc/modules",
             g.peermem.to_string(),
-        )
+        );
+        if g.cuda.is_ok() {
+            f.evidence(
+                "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)",
+                g.gpu_export.to_string(),
+            )
+        } else {
+            f
+        }
     };
     let f = match (&g.cuda, &g.peermem) {
         (Err(why), _) => Finding::new(
@@ -784,7 +809,7 @@ fn gdr_peermem(facts: &NodeFacts) -> Vec<Finding> {
             if dmabuf_anywhere {
                 "nvidia_peermem is loaded but not registered; GPUDirect RDMA goes through DMA-BUF instead".to_owned()
             } else {
-                "nvidia_peermem is loaded but not registered, and DMA-BUF is unavailable: GPUDirect RDMA is off (NCCL prints \"GPU Direct RDMA Disabled\")".to_owned()
+                format!("nvidia_peermem is loaded but not registered, and {no_dmabuf}: GPUDirect RDMA is off (NCCL prints \"GPU Direct RDMA Disabled\")")
             },
         )
         .fix("reload it after the RDMA stack (`modprobe -r nvidia_peermem && modprobe nvidia_peermem`), or use DMA-BUF (kernel >= 5.12, NVIDIA open kernel module)"),
@@ -794,11 +819,18 @@ fn gdr_peermem(facts: &NodeFacts) -> Vec<Finding> {
             "node",
             "no peer-memory module; not needed: GPUDirect RDMA goes through DMA-BUF",
         ),
+        (Ok(()), PeerMem::Absent) if devices.is_empty() => Finding::new(
+            Severity::Unknown,
+            CHECK,
+            "node",
+            format!("no peer-memory module, and {no_dmabuf}: whether GPUDirect RDMA would work is unknown"),
+        )
+        .depends_on(no_device_cause(facts)),
         (Ok(()), PeerMem::Absent) => Finding::new(
             Severity::Warn,
             CHECK,
             "node",
-            "no peer-memory module and no DMA-BUF: GPUDirect RDMA is off, NCCL stages through host memory",
+            format!("no peer-memory module, and {no_dmabuf}: GPUDirect RDMA is off, NCCL stages through host memory"),
         )
         .fix("`modprobe nvidia_peermem` (needs MOFED/DOCA-OFED), or use DMA-BUF (kernel >= 5.12, NVIDIA open kernel module)"),
     };
@@ -821,7 +853,13 @@ fn gdr_dmabuf(facts: &NodeFacts) -> Vec<Finding> {
             let line = d.gdr_line.strip_prefix(&format!("{name}: ")).unwrap_or(&d.gdr_line);
             let f = match (&facts.gpu.cuda, &d.dmabuf) {
                 (Err(_), _) => Finding::new(Severity::Skip, CHECK, &name, line),
-                (Ok(()), DmaBuf::Supported) => Finding::new(Severity::Pass, CHECK, &name, line),
+                (Ok(()), DmaBuf::Supported) if d.memory.dmabuf => {
+                    Finding::new(Severity::Pass, CHECK, &name, line)
+                }
+                // The NIC takes DMA-BUF but no GPU exports it (see `GpuExport`).
+                (Ok(()), DmaBuf::Supported) if peermem => Finding::new(Severity::Info, CHECK, &name, line),
+                (Ok(()), DmaBuf::Supported) => Finding::new(Severity::Warn, CHECK, &name, line)
+                    .fix("NVIDIA's open GPU kernel module (the proprietary one exports no DMA-BUF), or load nvidia_peermem"),
                 (Ok(()), DmaBuf::Disabled) => Finding::new(Severity::Info, CHECK, &name, line),
                 (Ok(()), DmaBuf::Unsupported(_)) if peermem => {
                     Finding::new(Severity::Info, CHECK, &name, line)

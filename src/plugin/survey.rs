@@ -11,9 +11,9 @@ use crate::core::config::{Config, MAX_FUSED_MEMBERS};
 use crate::core::error::Error;
 use crate::log::INIT_TARGET;
 use crate::topology::{
-    DmaBuf, FusionPolicy, HcaFilter, MemorySupport, NetDevice, PeerMem, RelaxedOrderingInputs,
-    Selection, SysfsRoot, VirtualDevice, detect_hypervisor, fuse, gdr_verdict,
-    physical_then_explicit, relaxed_ordering, select_devices,
+    DmaBuf, FusionPolicy, GpuExport, HcaFilter, MemorySupport, NetDevice, PeerMem,
+    RelaxedOrderingInputs, Selection, SysfsRoot, VirtualDevice, detect_hypervisor, fuse,
+    gdr_verdict, physical_then_explicit, relaxed_ordering, select_devices,
 };
 use crate::verbs::{self, Discovery};
 
@@ -31,6 +31,8 @@ pub enum DeviceModel {
 pub struct GpuFacts {
     /// The CUDA driver loaded, or why not.
     pub cuda: Result<(), String>,
+    /// Which GPUs export DMA-BUF (unknown without a driver).
+    pub gpu_export: GpuExport,
     /// Peer-memory module state.
     pub peermem: PeerMem,
     /// Why the host looks virtual, `None` on bare metal.
@@ -45,6 +47,8 @@ impl GpuFacts {
         let read = |name: &str| std::fs::read_to_string(proc_root.join(name)).ok();
         Self {
             cuda: crate::cuda::driver().map_err(|e| e.to_string()),
+            gpu_export: crate::cuda::dmabuf_exporting_gpus()
+                .unwrap_or_else(|e| GpuExport::Unknown(e.to_string())),
             peermem: PeerMem::detect(sysfs, read("modules").as_deref()),
             hypervisor: detect_hypervisor(sysfs, read("cpuinfo").as_deref()),
             reg_mr_iova2: verbs::reg_mr_iova2_available(),
@@ -105,7 +109,13 @@ impl DeviceVerdict {
         } else {
             DmaBuf::Disabled
         };
-        let (memory, gdr_line) = gdr_verdict(&virt.name(), gpu.cuda.clone(), &gpu.peermem, &dmabuf);
+        let (memory, gdr_line) = gdr_verdict(
+            &virt.name(),
+            &gpu.cuda,
+            &gpu.gpu_export,
+            &gpu.peermem,
+            &dmabuf,
+        );
         let relaxed_ordering = virt
             .members
             .iter()

@@ -153,33 +153,84 @@ impl fmt::Display for DmaBuf {
     }
 }
 
+/// Whether the GPUs export their memory as DMA-BUF. NCCL registers GPU memory through DMA-BUF
+/// only on a GPU whose `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED` is set (`dmaBufSupported`,
+/// NCCL's init.cc), whatever the NIC takes: NVIDIA's open kernel module sets it, the
+/// proprietary one does not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GpuExport {
+    /// `exporting` of the `total` GPUs the CUDA driver sees have the attribute set.
+    Gpus {
+        /// GPUs with the attribute set.
+        exporting: u32,
+        /// GPUs the driver sees.
+        total: u32,
+    },
+    /// The driver could not be asked: why.
+    Unknown(String),
+}
+
+impl GpuExport {
+    /// At least one GPU exports DMA-BUF.
+    pub fn any(&self) -> bool {
+        matches!(self, Self::Gpus { exporting, .. } if *exporting > 0)
+    }
+}
+
+impl fmt::Display for GpuExport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Gpus { total: 0, .. } => write!(f, "no GPU is visible to the CUDA driver"),
+            Self::Gpus {
+                exporting: 0,
+                total,
+            } => write!(
+                f,
+                "none of the {total} GPUs exports it (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0); \
+                 fix: NVIDIA's open GPU kernel module (the proprietary one exports no DMA-BUF), \
+                 or nvidia_peermem"
+            ),
+            Self::Gpus { exporting, total } => write!(f, "{exporting} of {total} GPUs export it"),
+            Self::Unknown(why) => write!(f, "whether the GPUs export it is unknown ({why})"),
+        }
+    }
+}
+
 /// `ptrSupport` and the one line that states the GPUDirect RDMA mode of `device` and, when it is
-/// off, why and how to fix it. `cuda` is the CUDA driver check (GPU memory needs a driver).
+/// off, why and how to fix it. `cuda` is the CUDA driver check (GPU memory needs a driver);
+/// DMA-BUF needs both the NIC (`dmabuf`) and a GPU that exports it (`gpus`).
 pub fn gdr_verdict(
     device: &str,
-    cuda: Result<(), String>,
+    cuda: &Result<(), String>,
+    gpus: &GpuExport,
     peermem: &PeerMem,
     dmabuf: &DmaBuf,
 ) -> (MemorySupport, String) {
     let driver = cuda.is_ok();
+    let nic_dmabuf = *dmabuf == DmaBuf::Supported;
     let memory = MemorySupport {
         host: true,
         cuda: driver && peermem.usable(),
-        dmabuf: driver && *dmabuf == DmaBuf::Supported,
+        dmabuf: driver && nic_dmabuf && gpus.any(),
     };
-    let line = match (&cuda, memory.cuda, memory.dmabuf) {
+    let both = if nic_dmabuf {
+        format!("DMA-BUF supported by the NIC; {gpus}")
+    } else {
+        dmabuf.to_string()
+    };
+    let line = match (cuda, memory.cuda, memory.dmabuf) {
         (Err(why), ..) => format!(
             "{device}: GPUDirect RDMA off: no CUDA driver ({why}), host memory only [{peermem}; {dmabuf}]"
         ),
-        (Ok(()), true, true) => format!("{device}: GPUDirect RDMA on: {peermem}; {dmabuf}"),
+        (Ok(()), true, true) => format!("{device}: GPUDirect RDMA on: {peermem}; {both}"),
         (Ok(()), true, false) => {
-            format!("{device}: GPUDirect RDMA on through peer memory: {peermem} [{dmabuf}]")
+            format!("{device}: GPUDirect RDMA on through peer memory: {peermem} [{both}]")
         }
         (Ok(()), false, true) => {
-            format!("{device}: GPUDirect RDMA on through DMA-BUF [{peermem}]")
+            format!("{device}: GPUDirect RDMA on through DMA-BUF ({gpus}) [{peermem}]")
         }
         (Ok(()), false, false) => {
-            format!("{device}: GPUDirect RDMA off: {peermem}; {dmabuf}")
+            format!("{device}: GPUDirect RDMA off: {peermem}; {both}")
         }
     };
     (memory, line)
@@ -288,21 +339,35 @@ mod tests {
         let registered = PeerMem::Registered {
             path: REGISTERED_PATHS[0],
         };
-        let (m, line) = gdr_verdict("mlx5_0", Ok(()), &registered, &DmaBuf::Supported);
+        let one_gpu = GpuExport::Gpus {
+            exporting: 1,
+            total: 1,
+        };
+        let (m, line) = gdr_verdict("mlx5_0", &Ok(()), &one_gpu, &registered, &DmaBuf::Supported);
         assert_eq!((m.host, m.cuda, m.dmabuf), (true, true, true));
         assert_eq!(
             line,
             "mlx5_0: GPUDirect RDMA on: nvidia peer memory registered \
-             (/sys/kernel/mm/memory_peers/nv_mem/version); DMA-BUF supported"
+             (/sys/kernel/mm/memory_peers/nv_mem/version); DMA-BUF supported by the NIC; \
+             1 of 1 GPUs export it"
         );
-        let (m, line) = gdr_verdict("mlx5_0", Ok(()), &PeerMem::Absent, &DmaBuf::Supported);
+        let (m, line) = gdr_verdict(
+            "mlx5_0",
+            &Ok(()),
+            &one_gpu,
+            &PeerMem::Absent,
+            &DmaBuf::Supported,
+        );
         assert_eq!((m.cuda, m.dmabuf), (false, true));
         assert!(
-            line.starts_with("mlx5_0: GPUDirect RDMA on through DMA-BUF [no peer-memory module"),
+            line.starts_with(
+                "mlx5_0: GPUDirect RDMA on through DMA-BUF (1 of 1 GPUs export it) \
+                 [no peer-memory module"
+            ),
             "{line}"
         );
         let refused = DmaBuf::Unsupported("rxe0: Operation not supported (os error 95)".into());
-        let (m, line) = gdr_verdict("rxe0", Ok(()), &PeerMem::Absent, &refused);
+        let (m, line) = gdr_verdict("rxe0", &Ok(()), &one_gpu, &PeerMem::Absent, &refused);
         assert_eq!((m.cuda, m.dmabuf), (false, false));
         assert!(
             line.starts_with("rxe0: GPUDirect RDMA off: no peer-memory module"),
@@ -314,7 +379,8 @@ mod tests {
         );
         let (m, line) = gdr_verdict(
             "rxe0",
-            Err("libcuda.so not found".into()),
+            &Err("libcuda.so not found".into()),
+            &GpuExport::Unknown("libcuda.so not found".into()),
             &registered,
             &DmaBuf::Disabled,
         );
@@ -329,6 +395,71 @@ mod tests {
             line.ends_with("DMA-BUF disabled by NCCL_DMABUF_ENABLE=0]"),
             "{line}"
         );
+    }
+
+    /// NCCL uses DMA-BUF only for a GPU whose CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is set
+    /// (`dmaBufSupported` in init.cc; GPUDirect over the net needs it, graph/topo.cc): a NIC
+    /// that takes DMA-BUF next to GPUs that cannot export it gives no GPUDirect RDMA.
+    #[test]
+    fn a_nic_that_takes_dmabuf_is_not_enough_when_no_gpu_exports_it() {
+        let proprietary = GpuExport::Gpus {
+            exporting: 0,
+            total: 2,
+        };
+        let (m, line) = gdr_verdict(
+            "mlx5_0",
+            &Ok(()),
+            &proprietary,
+            &PeerMem::Absent,
+            &DmaBuf::Supported,
+        );
+        assert_eq!((m.cuda, m.dmabuf), (false, false));
+        assert!(
+            line.starts_with("mlx5_0: GPUDirect RDMA off: no peer-memory module"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with(
+                "DMA-BUF supported by the NIC; none of the 2 GPUs exports it \
+                 (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0); fix: NVIDIA's open GPU kernel \
+                 module (the proprietary one exports no DMA-BUF), or nvidia_peermem"
+            ),
+            "{line}"
+        );
+        let registered = PeerMem::Registered {
+            path: REGISTERED_PATHS[2],
+        };
+        let (m, line) = gdr_verdict(
+            "mlx5_0",
+            &Ok(()),
+            &proprietary,
+            &registered,
+            &DmaBuf::Supported,
+        );
+        assert_eq!((m.cuda, m.dmabuf), (true, false));
+        assert!(
+            line.starts_with("mlx5_0: GPUDirect RDMA on through peer memory: nvidia peer memory"),
+            "{line}"
+        );
+        let unknown = GpuExport::Unknown("cuDeviceGetCount failed".into());
+        let (m, line) = gdr_verdict(
+            "mlx5_0",
+            &Ok(()),
+            &unknown,
+            &PeerMem::Absent,
+            &DmaBuf::Supported,
+        );
+        assert!(!m.dmabuf);
+        assert!(
+            line.ends_with("whether the GPUs export it is unknown (cuDeviceGetCount failed)"),
+            "{line}"
+        );
+        let none = GpuExport::Gpus {
+            exporting: 0,
+            total: 0,
+        };
+        assert_eq!(none.to_string(), "no GPU is visible to the CUDA driver");
+        assert!(!none.any());
     }
 
     #[test]
