@@ -1,8 +1,9 @@
 //! Link arguments for the cdylib NCCL loads, and the C logger of the plugin driver.
 fn main() {
-    // The installed file is named libnccl-net.so (and libnccl-net-rsib.so); Cargo cannot emit a
-    // hyphenated name, so the soname says what the file will be called.
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl-net.so");
+    // No soname: the one file is installed under two names (libnccl-net.so, libnccl-net-rsib.so)
+    // and ldconfig caches a library under its soname, so a shared soname would leave one name
+    // out of the cache and NCCL could not dlopen it (seen with NCCL 2.28.9). Without a soname
+    // ldconfig takes each file's own name.
     // NCCL dlcloses the plugin when its last communicator goes away and may dlopen it again:
     // NODELETE keeps Rust statics, TLS destructors and the tracing dispatcher valid across that.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");

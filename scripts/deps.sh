@@ -64,6 +64,7 @@ need() { # need PROGRAM [PATH-PREFIX]: PROGRAM must be on PATH (or in PATH-PREFI
 }
 if [ "$want_build" = 1 ]; then
   for prog in cc gcc clang pkg-config nm readelf; do need "$prog"; done
+  need ldconfig /sbin # libc-bin; outside root's PATH on Debian
   pkg-config --exists libibverbs librdmacm 2>/dev/null ||
     problems+=("pkg-config finds no libibverbs/librdmacm (libibverbs-dev, librdmacm-dev)")
 fi

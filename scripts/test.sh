@@ -40,7 +40,23 @@ check_install() {
       nm -D --defined-only "$prefix/lib/libnccl-net-rsib.so" | grep -q " ncclNetPlugin_v$v\$" || return 1
     done &&
     "$prefix/bin/nccl-net-doctor" --list-checks | grep -q '^verbs.provider' &&
-    echo "install check: both libraries present, real files, exporting ncclNetPlugin_v8 .. v12; nccl-net-doctor runs"
+    ldconfig_caches_both "$prefix" &&
+    echo "install check: both libraries present, real files, exporting ncclNetPlugin_v8 .. v12," \
+      "each in an ldconfig cache under its own name; nccl-net-doctor runs"
+}
+
+# The container recipe runs ldconfig on the install's lib directory and NCCL dlopens the plugin by
+# name (NCCL_NET_PLUGIN=rsib, or the default libnccl-net.so): both names must be in the cache.
+# Built here into a private cache, so no root is needed.
+ldconfig_caches_both() {
+  local ldconfig cache="$1/ld.so.cache"
+  ldconfig="$(command -v ldconfig || echo /sbin/ldconfig)"
+  echo "$1/lib" >"$1/ld.so.conf"
+  "$ldconfig" -X -f "$1/ld.so.conf" -C "$cache" || return 1
+  for name in libnccl-net.so libnccl-net-rsib.so; do
+    "$ldconfig" -p -C "$cache" | grep -q "^[[:space:]]*$name (" ||
+      { echo "ldconfig does not cache $name (a soname other than the file name?)"; return 1; }
+  done
 }
 
 build_rdma_suites() {
