@@ -49,12 +49,12 @@ check_install() {
 # name (NCCL_NET_PLUGIN=rsib, or the default libnccl-net.so): both names must be in the cache.
 # Built here into a private cache, so no root is needed.
 ldconfig_caches_both() {
-  local ldconfig cache="$1/ld.so.cache"
+  local ldconfig cache="$1/ld.so.cache" listing
   ldconfig="$(command -v ldconfig || echo /sbin/ldconfig)"
   echo "$1/lib" >"$1/ld.so.conf"
-  "$ldconfig" -X -f "$1/ld.so.conf" -C "$cache" || return 1
+  "$ldconfig" -X -f "$1/ld.so.conf" -C "$cache" && listing="$("$ldconfig" -p -C "$cache")" || return 1
   for name in libnccl-net.so libnccl-net-rsib.so; do
-    "$ldconfig" -p -C "$cache" | grep -q "^[[:space:]]*$name (" ||
+    grep -q "^[[:space:]]*$name (" <<<"$listing" ||
       { echo "ldconfig does not cache $name (a soname other than the file name?)"; return 1; }
   done
 }

@@ -11,7 +11,7 @@ use super::rows::{hca_port, pcie_function_dir, port_netdev};
 use crate::core::config::AddrFamily;
 use crate::topology::{
     DmaBuf, GidEntry, HcaFilter, HcaPort, LinkLayer, NetDevice, PORT_ACTIVE, PeerMem, choose_gid,
-    mtu_bytes, phys_state_name, port_state_name,
+    dmabuf_both_sides, mtu_bytes, phys_state_name, port_state_name,
 };
 
 /// Every node check: id and what it looks at, in report order (README lists them).
@@ -776,7 +776,7 @@ fn gdr_peermem(facts: &NodeFacts) -> Vec<Finding> {
             no_device_cause(facts)
         )
     } else if devices.iter().any(|d| d.dmabuf == DmaBuf::Supported) {
-        format!("DMA-BUF supported by the NIC; {}", g.gpu_export)
+        dmabuf_both_sides(&DmaBuf::Supported, &g.gpu_export)
     } else {
         "no device takes DMA-BUF (see gdr.dmabuf)".to_owned()
     };
@@ -853,17 +853,13 @@ fn gdr_dmabuf(facts: &NodeFacts) -> Vec<Finding> {
             let line = d.gdr_line.strip_prefix(&format!("{name}: ")).unwrap_or(&d.gdr_line);
             let f = match (&facts.gpu.cuda, &d.dmabuf) {
                 (Err(_), _) => Finding::new(Severity::Skip, CHECK, &name, line),
-                (Ok(()), DmaBuf::Supported) if d.memory.dmabuf => {
-                    Finding::new(Severity::Pass, CHECK, &name, line)
-                }
+                (Ok(()), _) if d.memory.dmabuf => Finding::new(Severity::Pass, CHECK, &name, line),
+                // Off by choice, or not needed: peer memory carries GPUDirect.
+                (Ok(()), DmaBuf::Disabled) => Finding::new(Severity::Info, CHECK, &name, line),
+                (Ok(()), _) if peermem => Finding::new(Severity::Info, CHECK, &name, line),
                 // The NIC takes DMA-BUF but no GPU exports it (see `GpuExport`).
-                (Ok(()), DmaBuf::Supported) if peermem => Finding::new(Severity::Info, CHECK, &name, line),
                 (Ok(()), DmaBuf::Supported) => Finding::new(Severity::Warn, CHECK, &name, line)
                     .fix("NVIDIA's open GPU kernel module (the proprietary one exports no DMA-BUF), or load nvidia_peermem"),
-                (Ok(()), DmaBuf::Disabled) => Finding::new(Severity::Info, CHECK, &name, line),
-                (Ok(()), DmaBuf::Unsupported(_)) if peermem => {
-                    Finding::new(Severity::Info, CHECK, &name, line)
-                }
                 (Ok(()), DmaBuf::Unsupported(_)) => Finding::new(Severity::Warn, CHECK, &name, line)
                     .fix("DMA-BUF needs kernel >= 5.12, rdma-core >= 34 and NVIDIA's open kernel module; or load nvidia_peermem"),
             };

@@ -196,6 +196,16 @@ impl fmt::Display for GpuExport {
     }
 }
 
+/// The DMA-BUF part of a GPUDirect verdict: the NIC's probe and, where the NIC takes it, the
+/// GPUs' side.
+pub fn dmabuf_both_sides(dmabuf: &DmaBuf, gpus: &GpuExport) -> String {
+    if *dmabuf == DmaBuf::Supported {
+        format!("DMA-BUF supported by the NIC; {gpus}")
+    } else {
+        dmabuf.to_string()
+    }
+}
+
 /// `ptrSupport` and the one line that states the GPUDirect RDMA mode of `device` and, when it is
 /// off, why and how to fix it. `cuda` is the CUDA driver check (GPU memory needs a driver);
 /// DMA-BUF needs both the NIC (`dmabuf`) and a GPU that exports it (`gpus`).
@@ -213,11 +223,7 @@ pub fn gdr_verdict(
         cuda: driver && peermem.usable(),
         dmabuf: driver && nic_dmabuf && gpus.any(),
     };
-    let both = if nic_dmabuf {
-        format!("DMA-BUF supported by the NIC; {gpus}")
-    } else {
-        dmabuf.to_string()
-    };
+    let both = dmabuf_both_sides(dmabuf, gpus);
     let line = match (cuda, memory.cuda, memory.dmabuf) {
         (Err(why), ..) => format!(
             "{device}: GPUDirect RDMA off: no CUDA driver ({why}), host memory only [{peermem}; {dmabuf}]"

@@ -18,7 +18,7 @@ mod sysfs;
 pub use fusion::{Fusion, FusionPolicy, VirtualDevice, fuse, fuse_listed, physical_then_explicit};
 pub use gdr::{
     DmaBuf, GpuExport, MemorySupport, PeerMem, RelaxedOrderingInputs, detect_hypervisor,
-    gdr_verdict, relaxed_ordering,
+    dmabuf_both_sides, gdr_verdict, relaxed_ordering,
 };
 pub use gid::{
     GidCandidate, GidChoice, GidEntry, choose_gid, parse_gid, parse_roce_version, select_gid,
