@@ -6,7 +6,7 @@
 #
 # usage: scripts/bench-vs-perftest.sh [--plugin PATH.so] [--against PATH.so [--preload LIB]]
 #          [--runs N] [--dev NAME] [--bytes BYTES] [--max BYTES] [--inflight N] [--bench PATH]
-#          [--recv-late] [--plugin-env VAR=VALUE]... [--json]
+#          [--recv-late | --recv-preposted] [--plugin-env VAR=VALUE]... [--json]
 #   --plugin   the plugin to measure (default: this repository's release build)
 #   --against  a second plugin, measured the same way in the same run (any ncclNet v8..v12)
 #   --preload  LD_PRELOAD for the --against plugin's runs only (a .so, or a .c compiled here),
@@ -18,6 +18,8 @@
 #   --inflight requests in flight in the benchmark's bandwidth phase (default 8, as NCCL)
 #   --bench    the nccl-net-bench binary (default: the release build)
 #   --recv-late  the benchmark's late-receive ping-pong (receives posted only when awaited)
+#   --recv-preposted  the benchmark's ping-pong in batches whose receives are posted before the
+#              timed rounds (no clear-to-send travels while they run)
 #   --plugin-env VAR=VALUE for the --plugin runs only (repeatable), e.g. to compare this
 #              plugin with a knob against itself without: --against the same library
 #   --json     print one JSON object instead of the table
@@ -35,7 +37,7 @@ to_bytes() { # 64K, 16M, 1G or a plain number
   esac
 }
 dev=rxe0 bytes=$((128 << 20)) max=$((64 << 20)) inflight=8 against="" preload="" runs="" json=0
-late=() plugin_env=()
+ping=ahead plugin_env=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --plugin) plugin="$2"; shift 2 ;;
@@ -47,7 +49,8 @@ while [ $# -gt 0 ]; do
     --max) max="$(to_bytes "$2")"; shift 2 ;;
     --inflight) inflight="$2"; shift 2 ;;
     --bench) bench="$2"; shift 2 ;;
-    --recv-late) late=(--recv-late); shift ;;
+    --recv-late) ping=late; shift ;;
+    --recv-preposted) ping=preposted; shift ;;
     --plugin-env) plugin_env+=("$2"); shift 2 ;;
     --json) json=1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -119,18 +122,20 @@ sweep() { # sweep NAME PLUGIN RUN [VAR=VALUE...]
   shift 3
   echo "nccl-net-bench run $run: $name ($lib${*:+, $*})" >&2
   env "$@" "$bench" --plugin "$lib" --dev "$dev" --min 8 --max "$max" --bytes "$bytes" \
-    --inflight "$inflight" "${late[@]}" --json >"$work/$name.$run.json" 2>"$work/$name.$run.err" ||
+    --inflight "$inflight" "${ping_arg[@]}" --json >"$work/$name.$run.json" 2>"$work/$name.$run.err" ||
     { cat "$work/$name.$run.err" >&2; exit 1; }
 }
+ping_arg=()
+[ "$ping" = ahead ] || ping_arg=(--recv-"$ping")
 for ((run = 1; run <= runs; run++)); do
   sweep plugin "$plugin" "$run" "${plugin_env[@]}"
   [ -n "$against" ] && sweep against "$against" "$run" "LD_PRELOAD=$preload"
 done
 
-python3 - "$work" "$runs" "$json" "$([ -n "$against" ] && echo 1 || echo 0)" "${#late[@]}" "${plugin_env[@]}" <<'PY'
+python3 - "$work" "$runs" "$json" "$([ -n "$against" ] && echo 1 || echo 0)" "$ping" "${plugin_env[@]}" <<'PY'
 import json, math, statistics, sys
 work, runs, as_json, with_against = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
-recv_late, plugin_env = sys.argv[5] == "1", sys.argv[6:]
+ping, plugin_env = sys.argv[5], sys.argv[6:]
 # perftest prints "inf" when a run's clock reading failed; such a figure is missing, not huge.
 num = lambda v: None if v == "-" or not math.isfinite(float(v)) else float(v)
 # The benchmark writes null for a figure it could not compute; the median skips those.
@@ -165,7 +170,7 @@ for size, (pbw, plat) in sorted(perf.items()):
                     "lat_vs_against": ratio(o["lat_us"], a["lat_us"]),
                     "msgs_vs_against": ratio(o["msgs_per_s"], a["msgs_per_s"])})
     rows.append(row)
-doc = {"device": ours["device"], "runs": runs, "recv_late": recv_late, "plugin_env": plugin_env,
+doc = {"device": ours["device"], "runs": runs, "ping": ping, "plugin_env": plugin_env,
        "plugin": {k: ours[k] for k in ("name", "plugin", "abi", "inflight")},
        "against": {k: other[k] for k in ("name", "plugin", "abi", "inflight")} if other else None, "results": rows}
 if as_json:
@@ -175,7 +180,7 @@ f = lambda v, spec: "-" if v is None else format(v, spec)
 print(f"# {ours['name']} ({ours['plugin']}, ncclNet v{ours['abi']}) on {ours['device']}, {ours['inflight']} in flight, "
       f"medians of {runs} run(s)" + (f", with {' '.join(plugin_env)}" if plugin_env else "")
       + (f"; against {other['name']} ({other['plugin']}, v{other['abi']})" if other else "")
-      + ("; ping-pong with late receives" if recv_late else ""))
+      + ("" if ping == "ahead" else f"; ping-pong with {ping} receives"))
 head = f"{'size(B)':>9} {'ib_bw':>9} {'bw':>9} {'/ib':>5}"
 if other:
     head += f" {'bw.vs':>9} {'/vs':>5}"

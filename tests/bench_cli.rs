@@ -60,6 +60,12 @@ fn unknown_arguments_and_bad_sizes_are_rejected() {
     assert!(err.contains("99 is not in 1..=32"), "{err}");
     let (_, err) = bench(&["--plugin", "x.so", "--abi", "7"]);
     assert!(err.contains("7 is not in 8..=12"), "{err}");
+    let (code, err) = bench(&["--plugin", "x.so", "--recv-late", "--recv-preposted"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("'--recv-late' cannot be used with '--recv-preposted'"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -60,8 +60,13 @@ struct Options {
     /// Ping-pong with each receive posted only when its message is awaited (after this side's
     /// own send), as at the first step of an operation or behind a busy proxy: the
     /// clear-to-send is then on the critical path unless the plugin sends without it.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "recv_preposted")]
     recv_late: bool,
+    /// Ping-pong in batches of up to PREPOSTED_ROUNDS rounds whose receives both sides post
+    /// before the batch (outside the timed rounds): no clear-to-send travels while the rounds
+    /// run, which shows what the per-message clear-to-send costs on this device.
+    #[arg(long)]
+    recv_preposted: bool,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -72,6 +77,32 @@ struct Options {
     #[arg(long, default_value = "127.0.0.1:0")]
     rendezvous: String,
 }
+
+/// How the ping-pong posts its receives.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Ping {
+    /// One receive posted ahead on each side, re-posted after each answer, as NCCL does.
+    Ahead,
+    /// `--recv-late`.
+    Late,
+    /// `--recv-preposted`.
+    Preposted,
+}
+
+impl Ping {
+    /// How the table and the JSON name the ping-pong's receive posting.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Ahead => "ahead",
+            Self::Late => "late",
+            Self::Preposted => "preposted",
+        }
+    }
+}
+
+/// Rounds per batch of `--recv-preposted`: the receives of a batch are in flight together,
+/// within NCCL_NET_MAX_REQUESTS (32) per comm.
+const PREPOSTED_ROUNDS: usize = 30;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 enum Role {
@@ -104,6 +135,14 @@ impl Options {
 
     fn window(&self) -> usize {
         self.inflight as usize
+    }
+
+    fn ping(&self) -> Ping {
+        match (self.recv_late, self.recv_preposted) {
+            (true, _) => Ping::Late,
+            (_, true) => Ping::Preposted,
+            _ => Ping::Ahead,
+        }
     }
 }
 
@@ -350,14 +389,18 @@ impl Endpoint {
     /// Ping-pong: rank 0 pings, rank 1 answers; returns rank 0's mean one-way latency in µs.
     /// Each side keeps its next receive posted ahead (as NCCL keeps receives posted for the
     /// coming steps), so the clear-to-send travels while the previous message is in flight;
-    /// with `late` (`--recv-late`) each side posts a receive only when it awaits that message:
-    /// rank 0 right after its ping, rank 1 at the start of each round.
+    /// with `--recv-late` each side posts a receive only when it awaits that message: rank 0
+    /// right after its ping, rank 1 at the start of each round. With `--recv-preposted` the
+    /// rounds go in batches of [`PREPOSTED_ROUNDS`]: both sides post a batch's receives, meet
+    /// at a barrier on the control connection (every clear-to-send has then been written), and
+    /// only the rounds are timed.
     fn ping_pong(
         &mut self,
         rank0: bool,
         size: usize,
         iters: usize,
-        late: bool,
+        ping: Ping,
+        ctl: &mut Control,
     ) -> Result<f64, String> {
         let d = deadline();
         let (net, sc, rc, smh, rmh) = (&self.net, self.sc, self.rc, self.smh, self.rmh);
@@ -365,19 +408,46 @@ impl Endpoint {
         let post_recv =
             || net.until_started("irecv", d, || net.irecv_step(rc, &[(rp, size, 1, rmh)]));
         let send = || net.until_started("isend", d, || net.isend_step(sc, sp, size, 1, smh));
-        if late {
-            let start = Instant::now();
-            for _ in 0..iters {
-                if rank0 {
-                    let s = send()?;
-                    net.wait(post_recv()?, d)?;
-                    net.wait(s, d)?;
-                } else {
-                    net.wait(post_recv()?, d)?;
-                    net.wait(send()?, d)?;
-                }
+        // One round on receive `r`, or on a receive posted when awaited.
+        let round = |r: Option<Ptr>| -> Result<(), String> {
+            if rank0 {
+                let s = send()?;
+                net.wait(r.map_or_else(post_recv, Ok)?, d)?;
+                net.wait(s, d)?;
+            } else {
+                net.wait(r.map_or_else(post_recv, Ok)?, d)?;
+                net.wait(send()?, d)?;
             }
-            return Ok(start.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0);
+            Ok(())
+        };
+        let one_way_us = |elapsed: Duration| elapsed.as_secs_f64() * 1e6 / iters as f64 / 2.0;
+        match ping {
+            Ping::Late => {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    round(None)?;
+                }
+                return Ok(one_way_us(start.elapsed()));
+            }
+            Ping::Preposted => {
+                let mut timed = Duration::ZERO;
+                let mut done = 0;
+                while done < iters {
+                    let rounds = PREPOSTED_ROUNDS.min(iters - done);
+                    let recvs = (0..rounds)
+                        .map(|_| post_recv())
+                        .collect::<Result<Vec<_>, _>>()?;
+                    ctl.barrier()?;
+                    let start = Instant::now();
+                    for r in recvs {
+                        round(Some(r))?;
+                    }
+                    timed += start.elapsed();
+                    done += rounds;
+                }
+                return Ok(one_way_us(timed));
+            }
+            Ping::Ahead => {}
         }
         let mut posted: std::collections::VecDeque<Ptr> = [post_recv()?, post_recv()?].into();
         let mut sends: std::collections::VecDeque<Ptr> = std::collections::VecDeque::new();
@@ -405,7 +475,7 @@ impl Endpoint {
         for r in sends.into_iter().chain(posted) {
             net.wait(r, d)?;
         }
-        Ok(elapsed.as_secs_f64() * 1e6 / iters as f64 / 2.0)
+        Ok(one_way_us(elapsed))
     }
 }
 
@@ -445,7 +515,7 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
         let seconds = t0.elapsed().as_secs_f64();
         let cpu = cpu_seconds() - cpu0;
         ctl.barrier()?;
-        let lat_us = ep.ping_pong(rank0, size, lat_iters(o, size), o.recv_late)?;
+        let lat_us = ep.ping_pong(rank0, size, lat_iters(o, size), o.ping(), &mut ctl)?;
         if rank0 {
             let cpu_recv = ctl.recv_f64()?;
             let recv_ok = ctl.recv::<1>()?[0] == 1;
@@ -488,10 +558,12 @@ fn print_table(o: &Options, report: &Report) {
         report.device
     );
     println!(
-        "# {} in flight, buffers registered once, {} bytes per size (iterations below), verify {}",
+        "# {} in flight, buffers registered once, {} bytes per size (iterations below), verify {}, \
+         ping-pong receives {}",
         o.inflight,
         o.bytes_per_size,
-        if o.verify { "on" } else { "off" }
+        if o.verify { "on" } else { "off" },
+        o.ping().name()
     );
     println!(
         "{:>10} {:>7} {:>12} {:>12} {:>12} {:>11} {:>11} {:>8}",
@@ -547,6 +619,7 @@ fn print_json(o: &Options, report: &Report) {
         "abi": report.abi,
         "device": report.device,
         "inflight": o.inflight,
+        "ping": o.ping().name(),
         "results": results,
     });
     println!("{doc}");
