@@ -74,6 +74,9 @@ pub fn echo_warnings(on: bool) {
 /// The code returned when the loaded version has no such entry, or cannot express the call.
 pub const UNSUPPORTED: i32 = -1;
 
+/// Buffers one `irecv` may group: NCCL passes at most `NCCL_NET_IB_MAX_RECVS` (8).
+pub const MAX_RECV_BUFFERS: usize = 8;
+
 /// NCCL's listen handle buffer.
 pub type Handle = [u8; 128];
 /// A comm, memory handle, context or request pointer.
@@ -620,18 +623,26 @@ impl Driver {
     /// One `irecv` call with `*request` preset to `preset`.
     ///
     /// # Errors
-    /// The plugin's code.
+    /// The plugin's code; [`UNSUPPORTED`] for more than [`MAX_RECV_BUFFERS`] buffers.
     pub fn irecv_step_preset(
         &self,
         rc: Ptr,
         bufs: &[(*mut u8, usize, c_int, Ptr)],
         preset: Ptr,
     ) -> Result<Ptr, i32> {
-        let mut data: Vec<Ptr> = bufs.iter().map(|b| b.0.cast()).collect();
-        let mut sizes: Vec<usize> = bufs.iter().map(|b| b.1).collect();
-        let mut tags: Vec<c_int> = bufs.iter().map(|b| b.2).collect();
-        let mut mhs: Vec<Ptr> = bufs.iter().map(|b| b.3).collect();
-        let mut phandles: Vec<Ptr> = vec![ptr::null_mut(); bufs.len()];
+        if bufs.len() > MAX_RECV_BUFFERS {
+            return Err(UNSUPPORTED);
+        }
+        // On the stack, as NCCL's proxy passes its arrays: nothing allocated per call, so the
+        // benchmark's own cost per message stays out of the plugin's figures.
+        let mut data = [ptr::null_mut(); MAX_RECV_BUFFERS];
+        let mut sizes = [0usize; MAX_RECV_BUFFERS];
+        let mut tags = [0 as c_int; MAX_RECV_BUFFERS];
+        let mut mhs = [ptr::null_mut(); MAX_RECV_BUFFERS];
+        let mut phandles = [ptr::null_mut(); MAX_RECV_BUFFERS];
+        for (i, b) in bufs.iter().enumerate() {
+            (data[i], sizes[i], tags[i], mhs[i]) = (b.0.cast(), b.1, b.2, b.3);
+        }
         let mut req = preset;
         let n = c_int::try_from(bufs.len()).unwrap_or(c_int::MAX);
         let (d, s, t, m, ph) = (
@@ -643,11 +654,10 @@ impl Driver {
         );
         match self.table {
             Table::V8(p) => {
-                let mut small = sizes
-                    .iter()
-                    .map(|&s| c_int::try_from(s))
-                    .collect::<Result<Vec<c_int>, _>>()
-                    .map_err(|_| UNSUPPORTED)?;
+                let mut small = [0 as c_int; MAX_RECV_BUFFERS];
+                for (to, &size) in small.iter_mut().zip(&sizes) {
+                    *to = c_int::try_from(size).map_err(|_| UNSUPPORTED)?;
+                }
                 let s = small.as_mut_ptr();
                 entry!(p, irecv, |f| f(rc, n, d, s, t, m, &mut req))
             }
