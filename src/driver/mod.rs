@@ -688,9 +688,9 @@ impl Driver {
     ///
     /// # Errors
     /// The plugin's code.
-    pub fn test_step(&self, req: Ptr) -> Result<Option<[c_int; 8]>, i32> {
+    pub fn test_step(&self, req: Ptr) -> Result<Option<[c_int; MAX_RECV_BUFFERS]>, i32> {
         let mut done = 0;
-        let mut sizes = [-1 as c_int; 8];
+        let mut sizes = [-1 as c_int; MAX_RECV_BUFFERS];
         let s = sizes.as_mut_ptr();
         call!(self, test, |f| f(req, &mut done, s))?;
         Ok((done == 1).then_some(sizes))
@@ -782,7 +782,7 @@ impl Driver {
     ///
     /// # Errors
     /// A line with the code, or that the deadline passed.
-    pub fn wait(&self, req: Ptr, deadline: Instant) -> Result<[c_int; 8], String> {
+    pub fn wait(&self, req: Ptr, deadline: Instant) -> Result<[c_int; MAX_RECV_BUFFERS], String> {
         let mut polls = 0;
         loop {
             if let Some(sizes) = self
