@@ -57,6 +57,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 runs="${runs:-$([ -n "$against" ] && echo 3 || echo 1)}"
+ping_arg=() # the benchmark's flag for the ping-pong (none for the default)
+[ "$ping" = ahead ] || ping_arg=(--recv-"$ping")
 for tool in ib_write_bw ib_write_lat python3 "$bench"; do
   command -v "$tool" >/dev/null || { echo "bench-vs-perftest: $tool is missing" >&2; exit 2; }
 done
@@ -125,8 +127,6 @@ sweep() { # sweep NAME PLUGIN RUN [VAR=VALUE...]
     --inflight "$inflight" "${ping_arg[@]}" --json >"$work/$name.$run.json" 2>"$work/$name.$run.err" ||
     { cat "$work/$name.$run.err" >&2; exit 1; }
 }
-ping_arg=()
-[ "$ping" = ahead ] || ping_arg=(--recv-"$ping")
 for ((run = 1; run <= runs; run++)); do
   sweep plugin "$plugin" "$run" "${plugin_env[@]}"
   [ -n "$against" ] && sweep against "$against" "$run" "LD_PRELOAD=$preload"

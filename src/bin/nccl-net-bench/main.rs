@@ -427,7 +427,7 @@ impl Endpoint {
                 for _ in 0..iters {
                     round(None)?;
                 }
-                return Ok(one_way_us(start.elapsed()));
+                Ok(one_way_us(start.elapsed()))
             }
             Ping::Preposted => {
                 let mut timed = Duration::ZERO;
@@ -445,37 +445,39 @@ impl Endpoint {
                     timed += start.elapsed();
                     done += rounds;
                 }
-                return Ok(one_way_us(timed));
+                Ok(one_way_us(timed))
             }
-            Ping::Ahead => {}
-        }
-        let mut posted: std::collections::VecDeque<Ptr> = [post_recv()?, post_recv()?].into();
-        let mut sends: std::collections::VecDeque<Ptr> = std::collections::VecDeque::new();
-        let start = Instant::now();
-        if rank0 {
-            sends.push_back(send()?);
-        }
-        for i in 0..iters {
-            let r = posted.pop_front().unwrap_or(std::ptr::null_mut());
-            net.wait(r, d)?;
-            // Answer (rank 1) or ping again (rank 0) first; re-posting the receive comes after,
-            // off the critical path.
-            if !rank0 || i + 1 < iters {
-                sends.push_back(send()?);
+            Ping::Ahead => {
+                let mut posted: std::collections::VecDeque<Ptr> =
+                    [post_recv()?, post_recv()?].into();
+                let mut sends: std::collections::VecDeque<Ptr> = std::collections::VecDeque::new();
+                let start = Instant::now();
+                if rank0 {
+                    sends.push_back(send()?);
+                }
+                for i in 0..iters {
+                    let r = posted.pop_front().unwrap_or(std::ptr::null_mut());
+                    net.wait(r, d)?;
+                    // Answer (rank 1) or ping again (rank 0) first; re-posting the receive comes
+                    // after, off the critical path.
+                    if !rank0 || i + 1 < iters {
+                        sends.push_back(send()?);
+                    }
+                    if i + 2 < iters {
+                        posted.push_back(post_recv()?);
+                    }
+                    while sends.len() > 1 {
+                        let s = sends.pop_front().unwrap_or(std::ptr::null_mut());
+                        net.wait(s, d)?;
+                    }
+                }
+                let elapsed = start.elapsed();
+                for r in sends.into_iter().chain(posted) {
+                    net.wait(r, d)?;
+                }
+                Ok(one_way_us(elapsed))
             }
-            if i + 2 < iters {
-                posted.push_back(post_recv()?);
-            }
-            while sends.len() > 1 {
-                let s = sends.pop_front().unwrap_or(std::ptr::null_mut());
-                net.wait(s, d)?;
-            }
         }
-        let elapsed = start.elapsed();
-        for r in sends.into_iter().chain(posted) {
-            net.wait(r, d)?;
-        }
-        Ok(one_way_us(elapsed))
     }
 }
 
