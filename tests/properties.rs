@@ -9,6 +9,7 @@ use nccl_net::core::config::{Config, KNOBS};
 use nccl_net::core::wire::{Cts, Endpoint, Hello, ListenHandle, Role};
 use nccl_net::topology::HcaFilter;
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 fn knob_name() -> impl Strategy<Value = &'static str> {
     prop::sample::select(KNOBS.iter().map(|k| k.name).collect::<Vec<_>>())
@@ -24,6 +25,14 @@ fn value() -> impl Strategy<Value = String> {
 }
 
 proptest! {
+    // Replay the saved failures (tests/properties.proptest-regressions): proptest's default
+    // looks for lib.rs or main.rs beside the source, which an integration test has not, and then
+    // silently replays nothing.
+    #![proptest_config(ProptestConfig {
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
+
     #[test]
     fn config_parsing_never_panics(vars in prop::collection::vec((knob_name(), value()), 0..8)) {
         let _ = Config::from_vars(vars);

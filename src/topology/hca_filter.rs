@@ -44,7 +44,8 @@ impl HcaFilter {
     /// Parse a filter value.
     ///
     /// # Errors
-    /// An entry without a name, or a port, rail or plane field that is not a number.
+    /// An entry without a name or whose name starts with `^` or `=` (a misplaced prefix), or a
+    /// port, rail or plane field that is not a number.
     pub fn parse(value: &str) -> Result<Self, HcaFilterError> {
         let fail = |reason: String| HcaFilterError {
             source: value.to_owned(),
@@ -65,6 +66,14 @@ impl HcaFilter {
             let name = fields.next().unwrap_or_default().trim();
             if name.is_empty() {
                 return Err(fail(format!("entry '{item}' has no device name")));
+            }
+            // No device name starts so; such an entry is a misplaced prefix ("^ =mlx5_0"), and
+            // written back as a filter it would read as one.
+            if name.starts_with(['^', '=']) {
+                return Err(fail(format!(
+                    "entry '{item}' starts with '{}': '^' and '=' go once, in that order, before                      the first entry and without spaces (e.g. ^=mlx5_0)",
+                    &name[..1]
+                )));
             }
             let port =
                 match fields.next() {
@@ -196,6 +205,10 @@ mod tests {
             ":1",
             "mlx5_0:1:r",
             "mlx5_0:1:0:1:9",
+            "^ =",
+            "^ =mlx5_0",
+            "=^mlx5_0",
+            "mlx5_0,^mlx5_1",
         ] {
             let err = HcaFilter::parse(bad).unwrap_err();
             assert!(
