@@ -6,7 +6,7 @@
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use nccl_net::core::config::{Config, KNOBS};
-use nccl_net::core::wire::{Cts, Endpoint, Hello, ListenHandle, Role};
+use nccl_net::core::wire::{Cts, DATA_PATH_REVISION, Endpoint, Hello, ListenHandle, Role};
 use nccl_net::topology::HcaFilter;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
@@ -132,6 +132,7 @@ proptest! {
             service_level: tc_sl.1,
             split_data: split,
             eager_bytes: seed,
+            revision: DATA_PATH_REVISION,
         };
         prop_assert_eq!(Hello::parse(&h.emit()).unwrap(), h);
     }

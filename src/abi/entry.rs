@@ -24,8 +24,18 @@ use crate::log;
 use crate::plugin::{DeviceModel, MAX_GROUPED_RECVS, MemorySupport, Plugin};
 use crate::transport::{Connecting, ListenComm};
 
-/// Run one NCCL entry point: catch panics, map errors once, log once.
+/// Run one NCCL entry point: answers a receive comm holds for a batch go first (see
+/// [`crate::transport::post_held`]), then `body`; panics caught, errors mapped and logged once.
 pub(super) fn entry(op: &'static str, body: impl FnOnce() -> Result<()>) -> ncclResult_t {
+    guarded(op, || {
+        crate::transport::post_held();
+        body()
+    })
+}
+
+/// Catch panics, map errors once, log once: every entry point, `irecv` without posting what is
+/// held first (its comm's answers may join the one it writes).
+fn guarded(op: &'static str, body: impl FnOnce() -> Result<()>) -> ncclResult_t {
     match catch_unwind(AssertUnwindSafe(|| log::scoped(body))) {
         Ok(Ok(())) => ncclSuccess,
         failed => report(op, failed),
@@ -411,7 +421,7 @@ pub(super) unsafe fn irecv(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    entry("irecv", || {
+    guarded("irecv", || {
         // SAFETY: NCCL passes a pointer to its request slot, possibly holding the 0x1 sentinel,
         // which is overwritten, never read.
         let out = unsafe { Out::new(request, "request") }?;

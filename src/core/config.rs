@@ -134,6 +134,11 @@ pub const KNOBS: &[Knob] = &[
         default: "4096",
         meaning: "largest host-memory message sent without waiting for the clear-to-send (0 = never; at most 65536)",
     },
+    Knob {
+        name: "NCCL_NET_RS_BATCH",
+        default: "0",
+        meaning: "1 = hold the clear-to-sends of back-to-back irecvs on a comm and write them as one write at the next other call (at most 10 ms later); 0 = write each inside its irecv, as NCCL's IB transport does",
+    },
 ];
 
 /// Traffic class (RoCE GRH) and service level (InfiniBand) of a connection's QPs.
@@ -220,6 +225,9 @@ pub struct Config {
     pub return_async_events: bool,
     /// Largest message of the eager path (`NCCL_NET_RS_EAGER_BYTES`); 0 = off.
     pub eager_bytes: u64,
+    /// Hold the answers of back-to-back receives for one write (`NCCL_NET_RS_BATCH`); off by
+    /// default: measured slower on rxe, see README "Performance".
+    pub batch: bool,
 }
 
 impl Default for Config {
@@ -246,6 +254,7 @@ impl Default for Config {
             dmabuf_enabled: true,
             return_async_events: true,
             eager_bytes: DEFAULT_EAGER_BYTES,
+            batch: false,
         }
     }
 }
@@ -395,6 +404,7 @@ impl Config {
                 "NCCL_NET_RS_EAGER_BYTES" => {
                     c.eager_bytes = narrow(number(name, value, 0, MAX_EAGER_BYTES as i64)?);
                 }
+                "NCCL_NET_RS_BATCH" => c.batch = number(name, value, 0, 1)? == 1,
                 "NCCL_NET_RS_CONNECT_TIMEOUT" => {
                     c.connect_timeout =
                         Duration::from_secs(narrow(number(name, value, 1, 86_400)?));
@@ -515,6 +525,11 @@ mod tests {
         assert_eq!(c.relaxed_ordering, RelaxedOrdering::Off);
         let d = parse(&[]).unwrap();
         assert!(d.merge_nics && !d.merge_vfs && d.dmabuf_enabled && d.fuse.is_empty());
+        assert!(
+            !d.batch,
+            "answers are written inside their irecv unless asked otherwise"
+        );
+        assert!(parse(&[("NCCL_NET_RS_BATCH", "1")]).unwrap().batch);
         assert_eq!(d.relaxed_ordering, RelaxedOrdering::Auto);
     }
 
@@ -578,6 +593,8 @@ mod tests {
             ("NCCL_NET_RS_FUSE", "rxe0+rxe0"),
             ("NCCL_NET_RS_FUSE", "a+b+c+d+e+f+g+h+i"),
             ("NCCL_NET_RS_FUSE", "rxe0+"),
+            ("NCCL_NET_RS_BATCH", "2"),
+            ("NCCL_NET_RS_EAGER_BYTES", "65537"),
         ] {
             let e = parse(&[(name, value)]).unwrap_err();
             assert!(

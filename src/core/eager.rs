@@ -55,8 +55,7 @@ const SIZE_MASK: u32 = (1 << SEQ_SHIFT) - 1;
 /// immediate with the top bit set always means "eager".
 pub const MAX_RENDEZVOUS_IMM: u64 = (EAGER_FLAG - 1) as u64;
 
-/// Bytes of a bounce ring whose slots take `eager_bytes`: the headers, then the payloads (none
-/// when the eager path is off).
+/// Bytes of a bounce ring whose slots take `eager_bytes` (none when the eager path is off).
 pub fn ring_bytes(eager_bytes: u64) -> u64 {
     if eager_bytes == 0 {
         return 0;
@@ -64,14 +63,10 @@ pub fn ring_bytes(eager_bytes: u64) -> u64 {
     SLOTS as u64 * (HEADER_BYTES as u64 + eager_bytes)
 }
 
-/// Offset of bounce slot `slot`'s header in the ring.
-pub fn header_offset(slot: usize) -> u64 {
-    (slot * HEADER_BYTES) as u64
-}
-
-/// Offset of bounce slot `slot`'s payload in a ring whose slots take `eager_bytes`.
-pub fn payload_offset(slot: usize, eager_bytes: u64) -> u64 {
-    (SLOTS * HEADER_BYTES) as u64 + slot as u64 * eager_bytes
+/// Offset of bounce slot `slot` in a ring whose slots take `eager_bytes`: the message's header,
+/// then its payload right behind it, so that one write carries both.
+pub fn slot_offset(slot: usize, eager_bytes: u64) -> u64 {
+    slot as u64 * (HEADER_BYTES as u64 + eager_bytes)
 }
 
 /// The immediate of eager message `seq` of `size` bytes (`size <= MAX_EAGER_BYTES`).

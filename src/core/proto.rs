@@ -30,6 +30,40 @@ use super::wire::{Cts, MAX_RECVS};
 /// Message slots per connection: receives (and grouped receives) in flight per comm.
 pub const SLOTS: usize = 32;
 
+/// Where the entries of a message's CTS lie in the sender's ring, in entries of [`Cts::LEN`]
+/// bytes; both sides take it from the revision the other announced.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CtsLayout {
+    /// Both sides of revision 3 or later: every slot's first entry in one array (slot `s` at
+    /// entry `s`), the further entries of grouped receives behind it (`SLOTS + 7 s + i - 1`).
+    /// The answers to consecutive single receives are adjacent, so a batch of them is one
+    /// write.
+    Dense,
+    /// A peer of an older revision: a slot's entries together (`MAX_RECVS s + i`).
+    Legacy,
+}
+
+impl CtsLayout {
+    /// The layout of a connection whose peer announced data-path revision `peer_revision`.
+    pub fn with_peer(peer_revision: u8) -> Self {
+        if peer_revision >= 3 {
+            Self::Dense
+        } else {
+            Self::Legacy
+        }
+    }
+
+    /// Byte offset of entry `entry` of slot `slot` in the ring.
+    pub fn offset(self, slot: usize, entry: usize) -> usize {
+        let index = match (self, entry) {
+            (Self::Dense, 0) => slot,
+            (Self::Dense, _) => SLOTS + (MAX_RECVS - 1) * slot + entry - 1,
+            (Self::Legacy, _) => MAX_RECVS * slot + entry,
+        };
+        index * Cts::LEN
+    }
+}
+
 /// Payload split granularity: LL/LL128 lines must never be split across QPs.
 const CHUNK_ALIGN: u64 = 128;
 
@@ -751,16 +785,24 @@ pub struct Accepted {
 pub const SEND_REQUESTS: usize = SLOTS * (MAX_RECVS + 1);
 
 /// A message whose CTS the sender captured. One per slot, reused: a message's CTS is copied
-/// into it in place, never built and moved (over 1 KiB with eight entries).
+/// into it in place, never built and moved (over 1 KiB with eight entries), and starting over
+/// clears two masks, not the matched sends.
 #[derive(Copy, Clone, Debug, Default)]
 struct Rendezvous {
     cts: Group<Cts>,
-    /// The send matched to each entry, with its request (the first `cts.len()` are used).
-    matched: [Option<(SendBuf, usize)>; MAX_RECVS],
-    /// Which entries NCCL saw done.
-    tested: [bool; MAX_RECVS],
+    /// The send matched to each entry, with its request: valid where `matched` has the bit.
+    sends: [(SendBuf, usize); MAX_RECVS],
+    /// Entries matched to a send (bit `i` for entry `i`).
+    matched: u8,
+    /// Entries NCCL saw done.
+    tested: u8,
     pending: usize,
     posted: bool,
+}
+
+/// The mask of the first `n` entries.
+fn entries_mask(n: usize) -> u8 {
+    u8::try_from((1u16 << n) - 1).unwrap_or(u8::MAX)
 }
 
 impl Rendezvous {
@@ -770,33 +812,47 @@ impl Rendezvous {
         for c in cts {
             self.cts.push(*c);
         }
-        self.matched = [None; MAX_RECVS];
-        self.tested = [false; MAX_RECVS];
+        self.matched = 0;
+        self.tested = 0;
         self.pending = 0;
         self.posted = false;
     }
 
     fn all_matched(&self) -> bool {
-        self.matched[..self.cts.len()].iter().all(Option::is_some)
+        self.matched == entries_mask(self.cts.len())
     }
 
     /// The first unmatched entry with `tag`.
     fn free_entry(&self, tag: i32) -> Option<usize> {
-        (0..self.cts.len()).find(|&i| self.matched[i].is_none() && self.cts[i].tag == tag)
+        (0..self.cts.len()).find(|&i| self.matched & (1 << i) == 0 && self.cts[i].tag == tag)
     }
 
-    /// Match `buf` (request `req`) to the first unmatched entry with its tag, clamped to the
-    /// entry's size; returns the entry and `(requested, delivered)` when truncated.
-    fn take(&mut self, buf: SendBuf, req: usize) -> Option<(usize, Option<(u64, u64)>)> {
-        let entry = self.free_entry(buf.tag)?;
+    /// The matched sends, with their entries.
+    fn matched_sends(&self) -> impl Iterator<Item = (usize, &(SendBuf, usize))> {
+        (0..self.cts.len())
+            .filter(|&i| self.matched & (1 << i) != 0)
+            .map(|i| (i, &self.sends[i]))
+    }
+
+    /// Match `buf` (request `req`) to unmatched entry `entry` (of its tag), clamped to the
+    /// entry's size; returns `(requested, delivered)` when truncated.
+    fn take_entry(&mut self, entry: usize, buf: SendBuf, req: usize) -> Option<(u64, u64)> {
         let capacity = self.cts[entry].size;
         let truncated = (buf.size > capacity).then_some((buf.size, capacity));
         let clamped = SendBuf {
             size: buf.size.min(capacity),
             ..buf
         };
-        self.matched[entry] = Some((clamped, req));
-        Some((entry, truncated))
+        self.sends[entry] = (clamped, req);
+        self.matched |= 1 << entry;
+        truncated
+    }
+
+    /// Match `buf` to the first unmatched entry with its tag; returns the entry and
+    /// `(requested, delivered)` when truncated.
+    fn take(&mut self, buf: SendBuf, req: usize) -> Option<(usize, Option<(u64, u64)>)> {
+        let entry = self.free_entry(buf.tag)?;
+        Some((entry, self.take_entry(entry, buf, req)))
     }
 }
 
@@ -1172,10 +1228,10 @@ impl SendSide {
         let seq = self.next_seq;
         let slot = slot_of(seq);
         // Peek first: a request is taken only for a send that matches.
-        rendezvous_at(&self.slots, &mut self.rendezvous, seq)?.free_entry(buf.tag)?;
+        let entry = self.rendezvous[slot].free_entry(buf.tag)?;
         let req = self.take_request(seq)?;
-        let rendezvous = rendezvous_at(&self.slots, &mut self.rendezvous, seq)?;
-        let (entry, truncated) = rendezvous.take(buf, req)?;
+        let rendezvous = &mut self.rendezvous[slot];
+        let truncated = rendezvous.take_entry(entry, buf, req);
         let mut accepted = Accepted {
             req,
             entry,
@@ -1199,14 +1255,16 @@ impl SendSide {
             return Vec::new();
         };
         let slot = &mut self.rendezvous[slot_index];
-        let capacity = capacity(slot.cts.iter().map(|c| c.size));
+        let n = slot.cts.len();
+        let capacity = if n == 1 {
+            slot.cts[0].size
+        } else {
+            capacity(slot.cts.iter().map(|c| c.size))
+        };
         let qps = layout.qps_for(seq, capacity);
         let used = qps.len();
-        let n = slot.cts.len();
         // Called once every entry is matched, so the first one is.
-        let Some((first, _)) = slot.matched[0] else {
-            return Vec::new();
-        };
+        let first = slot.sends[0].0;
         let ringed = layout.uses_sizes_ring(n, capacity);
         let mut posts = std::mem::take(&mut self.spare_posts);
         posts.clear();
@@ -1216,6 +1274,15 @@ impl SendSide {
                 // (they fit: the capacity does).
                 let write = RdmaWrite::chunk(&layout, qp, &slot.cts[0], &first, pos, used);
                 let imm = u32::try_from(write.len).unwrap_or(u32::MAX);
+                if write.len <= MAX_WRITE_BYTES {
+                    // NCCL's usual message: one write carries it.
+                    posts.push(Post::WriteImm {
+                        write,
+                        imm,
+                        slot: slot_index,
+                    });
+                    continue;
+                }
                 let mut pieces = write.pieces().peekable();
                 while let Some(piece) = pieces.next() {
                     posts.push(if pieces.peek().is_some() {
@@ -1231,8 +1298,8 @@ impl SendSide {
                 continue;
             }
             let mut sizes = [0u64; MAX_RECVS];
-            let bufs = slot.matched.iter().flatten().map(|(b, _)| b);
-            for (i, (cts, buf)) in slot.cts.iter().zip(bufs).enumerate() {
+            for (i, (buf, _)) in slot.sends[..n].iter().enumerate() {
+                let cts = &slot.cts[i];
                 sizes[i] = buf.size;
                 let write = RdmaWrite::chunk(&layout, qp, cts, buf, pos, used);
                 posts.extend(write.pieces().filter(|w| w.len > 0).map(Post::Write));
@@ -1316,9 +1383,9 @@ impl SendSide {
             SlotState::Rendezvous => {
                 let r = &self.rendezvous[slot];
                 (r.posted && r.pending == 0)
-                    .then(|| r.matched.iter().flatten().find(|(_, q)| *q == req))
+                    .then(|| r.matched_sends().find(|(_, (_, q))| *q == req))
                     .flatten()
-                    .map(|(b, _)| b.size)
+                    .map(|(_, (b, _))| b.size)
             }
         }
     }
@@ -1331,14 +1398,14 @@ impl SendSide {
         let free = match self.slots[slot].map(|s| s.state) {
             Some(SlotState::Rendezvous) => {
                 let r = &mut self.rendezvous[slot];
-                let n = r.cts.len();
-                if let Some(e) = r.matched[..n]
-                    .iter()
-                    .position(|m| m.is_some_and(|(_, q)| q == req))
-                {
-                    r.tested[e] = true;
+                let entry = r
+                    .matched_sends()
+                    .find(|(_, (_, q))| *q == req)
+                    .map(|(e, _)| e);
+                if let Some(e) = entry {
+                    r.tested |= 1 << e;
                 }
-                r.tested[..n].iter().all(|&t| t)
+                r.tested == entries_mask(r.cts.len())
             }
             _ => true,
         };
@@ -1393,3 +1460,45 @@ fn check_cts(seq: u64, entries: &[Cts]) -> Result<()> {
 #[cfg(test)]
 #[path = "proto_sim.rs"]
 mod sim;
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_of_every_slot_has_its_own_place_in_the_ring() {
+        for layout in [CtsLayout::Dense, CtsLayout::Legacy] {
+            let mut seen = std::collections::HashSet::new();
+            for slot in 0..SLOTS {
+                for entry in 0..MAX_RECVS {
+                    let at = layout.offset(slot, entry);
+                    assert!(at + Cts::LEN <= SLOTS * MAX_RECVS * Cts::LEN, "{layout:?}");
+                    assert!(seen.insert(at), "{layout:?} slot {slot} entry {entry}");
+                }
+            }
+        }
+    }
+
+    /// What makes a batch of answers one write: consecutive single receives' entries touch,
+    /// and a grouped receive's further entries follow each other.
+    #[test]
+    fn dense_answers_to_consecutive_slots_are_adjacent() {
+        let dense = CtsLayout::Dense;
+        for slot in 1..SLOTS {
+            assert_eq!(dense.offset(slot, 0), dense.offset(slot - 1, 0) + Cts::LEN);
+        }
+        for entry in 2..MAX_RECVS {
+            assert_eq!(
+                dense.offset(5, entry),
+                dense.offset(5, entry - 1) + Cts::LEN
+            );
+        }
+        assert_eq!(
+            CtsLayout::Legacy.offset(3, 1),
+            (3 * MAX_RECVS + 1) * Cts::LEN
+        );
+        assert_eq!(CtsLayout::with_peer(2), CtsLayout::Legacy);
+        assert_eq!(CtsLayout::with_peer(0), CtsLayout::Legacy);
+        assert_eq!(CtsLayout::with_peer(3), CtsLayout::Dense);
+    }
+}

@@ -13,11 +13,14 @@ const HELLO_MAGIC: u32 = 0x5253_4948; // "RSIH"
 /// Version of the handshake; both sides must agree.
 pub const PROTOCOL_VERSION: u8 = 3;
 
-/// Revision of the eager path's rules (`core::eager`), sent next to the eager offer. Revision 2:
-/// an eager message is copied only whole, and an answer the receiver overwrote counts as a copy.
-/// Builds of revision 1 (no revision byte: zero) copied truncated messages and must not share a
-/// connection's eager path with this one.
-const EAGER_REVISION: u8 = 2;
+/// Revision of the data path's wire rules, sent in every hello (byte 27). Revision 1 (no
+/// revision byte: zero) copied truncated eager messages; revision 2 copies only whole ones and
+/// counts an answer the receiver overwrote as a copy; revision 3 writes an eager message as one
+/// write (header and payload adjacent in its bounce slot, `core::eager`) and lays the CTS ring
+/// out so that answers to consecutive single receives are adjacent
+/// ([`super::proto::CtsLayout`]). Eager messages are only exchanged under the same revision; a
+/// peer without them (revision 0, or an offer of zero bytes) gets the layout it knows.
+pub const DATA_PATH_REVISION: u8 = 3;
 
 /// Largest number of buffers one grouped receive may carry (and CTS entries per slot).
 pub const MAX_RECVS: usize = 8;
@@ -228,9 +231,11 @@ pub struct Hello {
     pub split_data: bool,
     /// The eager capability: the largest eager message this side takes part in (the sender's
     /// offer; the receiver's answer is the agreed size). 0 = none; a peer that predates the
-    /// eager path leaves these bytes zero and ignores ours. Sent with the revision of the eager
-    /// rules (byte 27); an offer under another revision is refused.
+    /// eager path leaves these bytes zero and ignores ours. An offer under another revision
+    /// than ours is refused.
     pub eager_bytes: u32,
+    /// The writer's [`DATA_PATH_REVISION`] (0 from builds before the eager path).
+    pub revision: u8,
 }
 
 const HELLO_QPNS_AT: usize = 40;
@@ -257,7 +262,7 @@ impl Hello {
         out[24] = self.traffic_class;
         out[25] = self.service_level;
         out[26] = self.role.code();
-        out[27] = EAGER_REVISION;
+        out[27] = self.revision;
         out[28..32].copy_from_slice(&self.eager_bytes.to_le_bytes());
         out[32..40].copy_from_slice(&self.connect_nonce.to_le_bytes());
         for (i, q) in self.qpns.iter().take(MAX_CONNECTION_QPS).enumerate() {
@@ -296,13 +301,13 @@ impl Hello {
                 )));
             }
         };
-        let eager_bytes = u32_at(b, 28);
-        if eager_bytes != 0 && b[27] != EAGER_REVISION {
+        let (eager_bytes, revision) = (u32_at(b, 28), b[27]);
+        if eager_bytes != 0 && revision != DATA_PATH_REVISION {
             return Err(Error::config(format!(
-                "offers eager messages under revision {} of their rules but this plugin follows \
-                 revision {EAGER_REVISION}: run the same plugin version on every node (or set \
-                 NCCL_NET_RS_EAGER_BYTES=0 on every node)",
-                b[27].max(1)
+                "offers eager messages under revision {} of the data path's rules but this \
+                 plugin follows revision {DATA_PATH_REVISION}: run the same plugin version on \
+                 every node (or set NCCL_NET_RS_EAGER_BYTES=0 on every node)",
+                revision.max(1)
             )));
         }
         let (nqps, nmembers) = (usize::from(b[5]), usize::from(b[6]));
@@ -331,6 +336,7 @@ impl Hello {
             service_level: b[25],
             split_data: b[7] != 0,
             eager_bytes,
+            revision,
         })
     }
 
@@ -517,6 +523,7 @@ mod tests {
             service_level: 3,
             split_data: true,
             eager_bytes: 4096,
+            revision: DATA_PATH_REVISION,
         }
     }
 
@@ -545,19 +552,33 @@ mod tests {
         assert_eq!(u32_at(&b, 28), 4096);
         b[27..32].fill(0);
         h.eager_bytes = 0;
+        h.revision = 0;
         assert_eq!(Hello::parse(&b).unwrap(), h);
     }
 
-    /// The builds before the eager path's revision byte copied truncated messages: mixing them
-    /// with this one could lose a message, so the handshake stops with the reason.
+    /// Builds of another revision write eager messages elsewhere in the bounce slot (2) or copy
+    /// truncated ones (1, no revision byte): mixing them with this one could lose a message,
+    /// so the handshake stops with the reason.
     #[test]
-    fn a_hello_offering_eager_messages_under_the_first_revision_is_refused_naming_it() {
-        let mut b = hello(Role::Connect, 0x100).emit();
-        b[27] = 0;
-        let e = Hello::parse(&b).unwrap_err();
-        assert_eq!(e.kind(), crate::core::error::Kind::Config);
-        assert!(e.to_string().contains("revision 1"), "{e}");
-        assert!(e.to_string().contains("NCCL_NET_RS_EAGER_BYTES=0"), "{e}");
+    fn a_hello_offering_eager_messages_under_another_revision_is_refused_naming_it() {
+        for (byte, named) in [(0, "revision 1"), (2, "revision 2")] {
+            let mut b = hello(Role::Connect, 0x100).emit();
+            b[27] = byte;
+            let e = Hello::parse(&b).unwrap_err();
+            assert_eq!(e.kind(), crate::core::error::Kind::Config);
+            assert!(e.to_string().contains(named), "{e}");
+            assert!(e.to_string().contains("NCCL_NET_RS_EAGER_BYTES=0"), "{e}");
+        }
+    }
+
+    /// A peer of revision 2 with its eager path off shares the rendezvous protocol: its hello
+    /// parses, with its revision, which picks the CTS layout it knows.
+    #[test]
+    fn a_hello_of_revision_2_without_eager_messages_is_accepted() {
+        let mut h = hello(Role::Connect, 0x100);
+        h.eager_bytes = 0;
+        h.revision = 2;
+        assert_eq!(Hello::parse(&h.emit()).unwrap(), h);
     }
 
     #[test]

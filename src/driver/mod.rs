@@ -837,7 +837,9 @@ impl Driver {
 
     /// Receive `count` messages of up to `size` bytes with at most `window` in flight, message
     /// `i` into `slots[i % slots.len()]`; `on_complete(i, slot, received)` runs as each one
-    /// completes, in order (to check the payload, or flush it).
+    /// completes, in order (to check the payload, or flush it). Like NCCL's proxy, it refills
+    /// the window with back-to-back `irecv`s: once the oldest receive is done, the ones already
+    /// done behind it are taken too before receives are posted again.
     ///
     /// # Errors
     /// A line naming the failed call, that the deadline passed, or what `on_complete` returned.
@@ -854,16 +856,28 @@ impl Driver {
         mut on_complete: impl FnMut(usize, usize, usize) -> Result<(), String>,
     ) -> Result<(), String> {
         let nslots = slots.len().max(1);
-        let mut pending = std::collections::VecDeque::with_capacity(window);
-        let mut finish = |(i, r): (usize, Ptr)| -> Result<(), String> {
-            let sizes = self.wait(r, deadline)?;
+        let mut pending: std::collections::VecDeque<(usize, Ptr)> =
+            std::collections::VecDeque::with_capacity(window);
+        let mut report = |i: usize, sizes: [c_int; MAX_RECV_BUFFERS]| {
             on_complete(i, i % nslots, usize::try_from(sizes[0]).unwrap_or(0))
         };
         for i in 0..count {
             if pending.len() == window.max(1)
-                && let Some(done) = pending.pop_front()
+                && let Some((j, r)) = pending.pop_front()
             {
-                finish(done)?;
+                report(j, self.wait(r, deadline)?)?;
+                // As NCCL's proxy, post every receive the window allows before testing again:
+                // take the receives that completed meanwhile too.
+                while let Some(&(j, r)) = pending.front() {
+                    let Some(sizes) = self
+                        .test_step(r)
+                        .map_err(|rc| format!("test failed: ncclResult {rc}"))?
+                    else {
+                        break;
+                    };
+                    pending.pop_front();
+                    report(j, sizes)?;
+                }
             }
             let data = slots[i % nslots];
             let r = self.until_started("irecv", deadline, || {
@@ -871,7 +885,10 @@ impl Driver {
             })?;
             pending.push_back((i, r));
         }
-        pending.into_iter().try_for_each(finish)
+        for (j, r) in pending {
+            report(j, self.wait(r, deadline)?)?;
+        }
+        Ok(())
     }
 
     /// `closeSend`.

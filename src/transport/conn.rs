@@ -11,7 +11,7 @@ use crate::core::config::{Config, Traffic};
 use crate::core::eager;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::{POSTS_PER_MESSAGE, SLOTS};
-use crate::core::wire::{Cts, Endpoint, Hello, MAX_RECVS, Role};
+use crate::core::wire::{Cts, DATA_PATH_REVISION, Endpoint, Hello, MAX_RECVS, Role};
 use crate::verbs::{
     Access, Completion, CompletionQueue, HostRegion, PathParams, QpCaps, QueuePair, RemoteEndpoint,
 };
@@ -97,6 +97,8 @@ pub(super) const WR_CTS: u64 = 2 << 56;
 pub(super) const WR_FLUSH: u64 = 3 << 56;
 pub(super) const WR_RECV: u64 = 4 << 56;
 pub(super) const WR_DATA: u64 = 5 << 56;
+/// A receive comm's last write at close, behind its answers (see `RecvComm`'s drop).
+pub(super) const WR_DRAIN: u64 = 6 << 56;
 pub(super) const WR_INDEX_MASK: u64 = (1 << 56) - 1;
 
 const LINK_LAYER_ETHERNET: u8 = 2;
@@ -125,7 +127,8 @@ impl Failure {
 #[derive(Debug)]
 pub(super) struct QpSet {
     pub(super) cqs: Vec<Arc<CompletionQueue>>,
-    pub(super) qps: Vec<QueuePair>,
+    /// Shared with the comm's post queues (see `held`).
+    pub(super) qps: Vec<Arc<QueuePair>>,
 }
 
 impl QpSet {
@@ -154,7 +157,7 @@ impl QpSet {
                 let port = &ctx.ports[i % members];
                 let qp = QueuePair::new(&port.pd, &cqs[i % members], caps)?;
                 qp.to_init(port.port_num(), access)?;
-                Ok(qp)
+                Ok(Arc::new(qp))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self { cqs, qps })
@@ -176,7 +179,7 @@ impl QpSet {
     /// connection asked for and what the device reports for the first QP's path (RoCE carries
     /// no service level, so it is not read back), for the connection's debug line.
     pub(super) fn describe_qos(&self, traffic: Traffic) -> String {
-        let reported = match self.qps.first().map(QueuePair::qos) {
+        let reported = match self.qps.first().map(|qp| qp.qos()) {
             Some(Ok((class, _))) => format!("traffic class {class}"),
             Some(Err(e)) => format!("nothing ({e})"),
             None => "nothing (no QPs)".to_owned(),
@@ -259,7 +262,7 @@ pub(super) fn local_hello(
         role,
         listen_nonce: nonces.listen,
         connect_nonce: nonces.connect,
-        qpns: qps.qps.iter().map(QueuePair::qpn).collect(),
+        qpns: qps.qps.iter().map(|qp| qp.qpn()).collect(),
         members: ctx
             .ports
             .iter()
@@ -271,6 +274,7 @@ pub(super) fn local_hello(
         service_level: traffic.level,
         split_data: split,
         eager_bytes: 0,
+        revision: DATA_PATH_REVISION,
     }
 }
 

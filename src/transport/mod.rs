@@ -9,6 +9,7 @@
 
 mod conn;
 mod context;
+mod held;
 mod listen;
 mod mr;
 mod recv;
@@ -18,6 +19,7 @@ mod wire_io;
 
 pub use conn::{pinned_bytes_per_connection, random_u64};
 pub use context::{DeviceContext, PortContext, choose_oob_address};
+pub use held::flush_all as post_held;
 pub use listen::ListenComm;
 pub use mr::{MrCache, MrHandle};
 pub use recv::{RECV_REQUESTS, RecvComm};

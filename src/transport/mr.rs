@@ -64,7 +64,11 @@ impl Drop for MrPart {
 /// member port of the device (peers write through whichever member a QP lives on).
 #[derive(Debug)]
 pub struct MrHandle {
-    parts: Vec<MrPart>,
+    /// Held for their lifetime: dropping the handle releases the registrations.
+    _parts: Vec<MrPart>,
+    /// The parts' keys, read once: every `isend` and `irecv` passes them on.
+    lkeys: [u32; MAX_FUSED_MEMBERS],
+    rkeys: [u32; MAX_FUSED_MEMBERS],
     addr: u64,
     len: u64,
     /// Registered as host memory (`NCCL_PTR_HOST`): the eager path may read or write it with
@@ -73,14 +77,26 @@ pub struct MrHandle {
 }
 
 impl MrHandle {
+    fn new(parts: Vec<MrPart>, addr: u64, len: u64, host: bool) -> Self {
+        let key = |i: usize, f: fn(&MemoryRegion) -> u32| parts.get(i).map_or(0, |p| f(&p.mr));
+        Self {
+            lkeys: std::array::from_fn(|i| key(i, MemoryRegion::lkey)),
+            rkeys: std::array::from_fn(|i| key(i, MemoryRegion::rkey)),
+            _parts: parts,
+            addr,
+            len,
+            host,
+        }
+    }
+
     /// Local keys, one per member (unused entries 0).
     pub fn lkeys(&self) -> [u32; MAX_FUSED_MEMBERS] {
-        std::array::from_fn(|i| self.parts.get(i).map_or(0, |p| p.mr.lkey()))
+        self.lkeys
     }
 
     /// Remote keys, one per member (unused entries 0).
     pub fn rkeys(&self) -> [u32; MAX_FUSED_MEMBERS] {
-        std::array::from_fn(|i| self.parts.get(i).map_or(0, |p| p.mr.rkey()))
+        self.rkeys
     }
 
     /// The receive buffer `addr..addr + size` expecting `tag`, with this registration's keys.
@@ -138,12 +154,7 @@ impl DeviceContext {
             // SAFETY: forwarded from this function's contract.
             .map(|port| unsafe { port.register(addr, len) })
             .collect::<Result<Vec<_>>>()?;
-        Ok(MrHandle {
-            parts,
-            addr,
-            len,
-            host,
-        })
+        Ok(MrHandle::new(parts, addr, len, host))
     }
 
     /// Register a DMA-BUF (`fd`, `offset`) whose memory NCCL addresses as `addr`, on every
@@ -168,12 +179,7 @@ impl DeviceContext {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(MrHandle {
-            parts,
-            addr,
-            len,
-            host: false,
-        })
+        Ok(MrHandle::new(parts, addr, len, false))
     }
 }
 

@@ -3,30 +3,36 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use super::conn::{
     CTS_RING_BYTES, CTS_SIGNAL_EVERY, CTS_STAGING_BYTES, Failure, Nonces, QpSet, RECV_QP_CAPS,
-    SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS, WR_FLUSH, WR_INDEX_MASK, WR_RECV,
+    SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS, WR_DRAIN, WR_FLUSH, WR_INDEX_MASK, WR_RECV,
     agreed_eager_bytes, check_alive, check_peer, completion_error, describe_eager, describe_local,
     describe_remote, local_hello, path_params,
 };
+use super::held::{self, PostQueue};
 use super::mr::MrHandle;
-use super::watch::Watched;
+use super::watch::{PeerState, Watched};
 use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
 use crate::core::eager::{self, Announced};
 use crate::core::error::{Error, Result};
 use crate::core::group::Group;
 use crate::core::proto::{
-    Arrived, CtsPost, EagerCopy, EagerHeader, Layout, RecvBuf, RecvDone, RecvSide, SLOTS,
+    Arrived, CtsLayout, CtsPost, EagerCopy, EagerHeader, Layout, RecvBuf, RecvDone, RecvSide, SLOTS,
 };
-use crate::core::wire::{Cts, Hello, MAX_RECVS, Role};
+use crate::core::wire::{Cts, Hello, Role};
 use crate::verbs::{
     Access, Completion, CompletionQueue, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair,
-    RemoteEndpoint, WorkRequest,
+    RemoteEndpoint, Sge, WorkRequest,
 };
+
+/// How long closing a receive comm waits for the answers it wrote to reach the sender (an
+/// acknowledgement may be the only thing the sender's last request waits for).
+const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 
 /// Requests a receive comm can have in flight: one per slot, plus as many flushes.
 pub const RECV_REQUESTS: usize = 2 * SLOTS;
@@ -35,7 +41,7 @@ pub const RECV_REQUESTS: usize = 2 * SLOTS;
 /// the receive buffers, so its completion proves the data is visible (to a GPU too).
 #[derive(Debug)]
 struct FlushQp {
-    qp: QueuePair,
+    posts: PostQueue,
     scratch: HostRegion,
 }
 
@@ -58,7 +64,10 @@ impl FlushQp {
         )?;
         qp.to_rts(&path)?;
         let scratch = HostRegion::new(std::slice::from_ref(&port.pd), 64, Access::LOCAL_WRITE)?;
-        Ok(Self { qp, scratch })
+        Ok(Self {
+            posts: PostQueue::new(Arc::new(qp), false),
+            scratch,
+        })
     }
 }
 
@@ -91,9 +100,15 @@ struct RecvState {
 pub struct RecvComm {
     ctx: Arc<DeviceContext>,
     qps: QpSet,
+    /// Per QP, the answers written on it: held for a batch with `NCCL_NET_RS_BATCH` (see
+    /// `held`).
+    answers: Vec<PostQueue>,
     /// One loopback QP per member; empty when flushing is disabled.
     flush: Vec<FlushQp>,
+    /// The answers as they go out: the ring's layout, twice (see [`CTS_STAGING_BYTES`]).
     cts_staging: HostRegion,
+    /// Where the sender reads the entries (the ring's layout).
+    cts_layout: CtsLayout,
     /// The sizes ring, followed by the eager bounce ring when the connection uses one.
     sizes_ring: HostRegion,
     remote_ring_addr: u64,
@@ -188,11 +203,18 @@ impl RecvComm {
             qps.describe_qos(traffic),
             describe_eager(eager_bytes)
         );
+        let answers = qps
+            .qps
+            .iter()
+            .map(|qp| PostQueue::new(Arc::clone(qp), ctx.config.batch))
+            .collect();
         let comm = Self {
             ctx: Arc::clone(ctx),
             qps,
+            answers,
             flush,
             cts_staging,
+            cts_layout: CtsLayout::with_peer(remote.revision),
             sizes_ring,
             remote_ring_addr: remote.ring_addr,
             remote_ring_rkeys: remote.members.iter().map(|m| m.ring_rkey).collect(),
@@ -215,6 +237,60 @@ impl RecvComm {
         &self.ctx
     }
 
+    /// Before the QPs go: post what the answer queues hold, then a zero-length signaled write
+    /// behind it on every QP, and wait (at most [`DRAIN_LIMIT`]) for those completions: the
+    /// sender's last request may wait for an acknowledgement still queued here. Skipped when
+    /// nothing was answered, the comm failed, or the sender is gone.
+    fn drain_answers(&mut self) {
+        let st = self.state.get_mut();
+        let sender_alive = self
+            .link
+            .as_ref()
+            .is_some_and(|l| l.link().state() == PeerState::Alive);
+        if st.cts_posted == 0 || st.failed.check().is_err() || !sender_alive {
+            return;
+        }
+        let layout = st.proto.layout();
+        let mut waiting = 0;
+        for (q, queue) in self.answers.iter().enumerate() {
+            let wr = WorkRequest {
+                wr_id: WR_DRAIN,
+                op: Op::Write,
+                local: Sge::default(),
+                tail: Sge::default(),
+                remote_addr: self.remote_ring_addr,
+                rkey: self.remote_ring_rkeys[layout.remote_member(q)],
+                signaled: true,
+            };
+            // SAFETY: a zero-length write reads no local memory.
+            if unsafe { queue.submit(false, |b| b.push(&wr)) }.is_ok() {
+                waiting += 1;
+            }
+        }
+        let deadline = Instant::now() + DRAIN_LIMIT;
+        while waiting > 0 && Instant::now() < deadline {
+            let polled = self.qps.drain(|_, c| {
+                if !c.is_ok() {
+                    waiting = 0;
+                } else if c.wr_id == WR_DRAIN {
+                    waiting -= 1;
+                }
+                Ok(())
+            });
+            if polled.is_err() {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        if waiting > 0 {
+            tracing::debug!(
+                "closing the recv comm from {}: the last answers were not confirmed within {:?}",
+                self.remote,
+                DRAIN_LIMIT
+            );
+        }
+    }
+
     /// Post a (grouped) receive of buffers checked by [`MrHandle::recv_buf`]; `Ok(None)` when
     /// every slot is busy. Returns the request index.
     ///
@@ -224,6 +300,8 @@ impl RecvComm {
     /// # Errors
     /// A failed comm's error; `Misuse` for a bad group.
     pub unsafe fn irecv(&self, bufs: &[RecvBuf]) -> Result<Option<usize>> {
+        // Answers held on other comms go now; this comm's may join this one's in one write.
+        held::flush_all_but(&self.answers);
         let mut st = self.state.lock();
         st.failed.check()?;
         if st.proto.eager_active() {
@@ -247,7 +325,8 @@ impl RecvComm {
     }
 
     /// Post the receives of `cts`, copy its eager message, and write its entries (for the
-    /// receive of `bufs`) into the sender's ring.
+    /// receive of `bufs`) into the sender's ring: held for a batch when the comm batches, and
+    /// merged with the answer before when they are adjacent in the ring.
     ///
     /// # Safety
     /// The copy's destination must be a posted receive buffer (`irecv`'s contract).
@@ -260,31 +339,52 @@ impl RecvComm {
             // SAFETY: forwarded from this function's contract.
             unsafe { self.copy_eager(layout, copy) };
         }
-        let offset = cts.slot * MAX_RECVS * Cts::LEN;
         let round = usize::from((cts.answer.seq() / SLOTS as u64) % 2 == 1);
-        let staged = round * CTS_RING_BYTES + offset;
-        let mut len = 0;
-        for entry in cts.entries(bufs) {
-            self.cts_staging.write(staged + len, &entry.emit());
-            len += Cts::LEN;
+        let staged = round * CTS_RING_BYTES;
+        let mut n = 0;
+        for (i, entry) in cts.entries(bufs).enumerate() {
+            let at = self.cts_layout.offset(cts.slot, i);
+            self.cts_staging.write(staged + at, &entry.emit());
+            n += 1;
         }
         let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
         st.cts_posted += 1;
-        let wr = WorkRequest {
-            wr_id: WR_CTS,
-            op: Op::Write,
-            local_addr: self.cts_staging.addr(staged),
-            len: len as u32,
-            lkey: self.cts_staging.mr(layout.local_member(cts.qp)).lkey(),
-            remote_addr: self.remote_ring_addr + offset as u64,
-            rkey: self.remote_ring_rkeys[layout.remote_member(cts.qp)],
-            signaled,
+        let (lkey, rkey) = (
+            self.cts_staging.mr(layout.local_member(cts.qp)).lkey(),
+            self.remote_ring_rkeys[layout.remote_member(cts.qp)],
+        );
+        // Entries `from..from + count`, adjacent in the ring from `from` on.
+        let write = |from: usize, count: usize, signaled: bool| {
+            let at = self.cts_layout.offset(cts.slot, from);
+            WorkRequest {
+                wr_id: WR_CTS,
+                op: Op::Write,
+                local: Sge {
+                    addr: self.cts_staging.addr(staged + at),
+                    len: (count * Cts::LEN) as u32,
+                    lkey,
+                },
+                tail: Sge::default(),
+                remote_addr: self.remote_ring_addr + at as u64,
+                rkey,
+                signaled,
+            }
         };
+        let hold = self.ctx.config.batch;
         // SAFETY: these staging bytes are rewritten only for message seq + 2 * SLOTS, posted
         // after message seq + SLOTS completed, i.e. after the sender read this answer or the
         // next one in the ring slot, written after this one on the same QP (a connection that
         // copies eager messages has one QP; otherwise the sender read this answer).
-        unsafe { self.qps.qps[cts.qp].post_send(&[wr]) }
+        unsafe {
+            self.answers[cts.qp].submit(hold, |b| match self.cts_layout {
+                CtsLayout::Legacy => b.push_merged(&write(0, n, signaled)),
+                CtsLayout::Dense if n == 1 => b.push_merged(&write(0, 1, signaled)),
+                CtsLayout::Dense => {
+                    b.push_merged(&write(0, 1, false))?;
+                    b.push_merged(&write(1, n - 1, signaled))
+                }
+            })
+        }
     }
 
     /// Copy an eager message out of its bounce slot into the receive buffer.
@@ -292,8 +392,9 @@ impl RecvComm {
     /// # Safety
     /// `copy.addr` must be the buffer of a receive in flight, at least `copy.len` long.
     unsafe fn copy_eager(&self, layout: Layout, copy: EagerCopy) {
-        let at =
-            SIZES_RING_BYTES as u64 + eager::payload_offset(copy.bounce_slot, layout.eager_bytes);
+        let at = SIZES_RING_BYTES as u64
+            + eager::slot_offset(copy.bounce_slot, layout.eager_bytes)
+            + eager::HEADER_BYTES as u64;
         let len = usize::try_from(copy.len).unwrap_or(0);
         // SAFETY: the payload's write-with-immediate completed and the sender writes this bounce
         // slot again only after this message was answered; the destination is the caller's.
@@ -328,16 +429,19 @@ impl RecvComm {
             let wr = WorkRequest {
                 wr_id: WR_FLUSH | k as u64,
                 op: Op::Read,
-                local_addr: flush.scratch.addr(0),
-                len: 1,
-                lkey: flush.scratch.mr(0).lkey(),
+                local: Sge {
+                    addr: flush.scratch.addr(0),
+                    len: 1,
+                    lkey: flush.scratch.mr(0).lkey(),
+                },
+                tail: Sge::default(),
                 remote_addr: addr,
                 rkey: rkeys[member],
                 signaled: true,
             };
             // SAFETY: the scratch region lives as long as the comm; the read source is a
             // registered receive buffer NCCL keeps alive until this request completes.
-            if let Err(e) = unsafe { flush.qp.post_send(&[wr]) } {
+            if let Err(e) = unsafe { flush.posts.submit(false, |b| b.push(&wr)) } {
                 return Err(st.failed.record(e));
             }
         }
@@ -418,7 +522,8 @@ impl RecvComm {
     /// and copy it when its receive was posted first, else post the receive its
     /// write-with-immediate used again.
     fn eager_arrived(&self, st: &mut RecvState, qp: usize, a: Announced) -> Result<()> {
-        let at = SIZES_RING_BYTES + eager::header_offset(a.slot(SLOTS)) as usize;
+        let at = SIZES_RING_BYTES
+            + eager::slot_offset(a.slot(SLOTS), st.proto.layout().eager_bytes) as usize;
         // The write-with-immediate completed, so the header is in place; the sender writes this
         // slot again only after the message was answered.
         let seq = u64::from_le_bytes(self.sizes_ring.read(at));
@@ -470,5 +575,11 @@ impl RecvComm {
             _ => Ok(()),
         };
         handled.map_err(|e| st.failed.record(e))
+    }
+}
+
+impl Drop for RecvComm {
+    fn drop(&mut self) {
+        self.drain_answers();
     }
 }

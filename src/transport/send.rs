@@ -14,6 +14,7 @@ use super::conn::{
     check_peer, completion_error, connection_qps, describe_eager, describe_local, describe_remote,
     local_hello, random_u64,
 };
+use super::held::{Builder, PostQueue};
 use super::mr::MrHandle;
 use super::watch::Watched;
 use super::wire_io::HandshakeStream;
@@ -22,15 +23,12 @@ use crate::core::eager;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::group::Group;
 use crate::core::proto::{
-    Layout, POSTS_PER_MESSAGE, Post, RdmaWrite, SendBuf, SendSide, check_message_size,
+    CtsLayout, Layout, Post, RdmaWrite, SendBuf, SendSide, check_message_size,
 };
 use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS, Role};
-use crate::verbs::{Access, Completion, HostRegion, Op, WorkRequest};
+use crate::verbs::{Access, Completion, HostRegion, Op, Sge, WorkRequest};
 
 pub use crate::core::proto::SEND_REQUESTS;
-
-/// Work requests per posted chain: one message's posts on one QP.
-const CHAIN: usize = POSTS_PER_MESSAGE;
 
 /// How long one attempt to open the TCP connection may block an NCCL call.
 const DIAL_ATTEMPT: Duration = Duration::from_millis(100);
@@ -216,10 +214,18 @@ impl Connecting {
             pending.qps.describe_qos(self.traffic),
             describe_eager(layout.eager_bytes)
         );
+        let posts = pending
+            .qps
+            .qps
+            .iter()
+            .map(|qp| PostQueue::new(Arc::clone(qp), config.batch))
+            .collect();
         Ok(SendComm {
             ctx: Arc::clone(&self.ctx),
             qps: pending.qps,
+            posts,
             cts_ring: pending.cts_ring,
+            cts_layout: CtsLayout::with_peer(remote.revision),
             staging,
             remote_sizes_addr: remote.ring_addr,
             remote_sizes_rkeys: remote.members.iter().map(|m| m.ring_rkey).collect(),
@@ -231,7 +237,6 @@ impl Connecting {
                 proto: SendSide::new(layout),
                 failed: Failure::default(),
                 completed_any: false,
-                chain: Vec::with_capacity(CHAIN),
             }),
         })
     }
@@ -242,8 +247,6 @@ struct SendState {
     proto: SendSide,
     failed: Failure,
     completed_any: bool,
-    /// The work requests of the chain being posted (see [`SendComm::post`]).
-    chain: Vec<WorkRequest>,
 }
 
 /// A connected send comm. `isend`/`test` come from NCCL's progress thread; the lock only guards
@@ -252,7 +255,11 @@ struct SendState {
 pub struct SendComm {
     ctx: Arc<DeviceContext>,
     qps: QpSet,
+    /// Per QP, its posts: a send goes at once, messages released together as one chain.
+    posts: Vec<PostQueue>,
     cts_ring: HostRegion,
+    /// Where the receiver writes its entries in `cts_ring`.
+    cts_layout: CtsLayout,
     /// Sizes of grouped messages, then eager headers, as they are written to the receiver.
     staging: HostRegion,
     /// The receiver's sizes ring; its eager bounce ring follows it.
@@ -314,7 +321,9 @@ impl SendComm {
                 self.remote
             );
         }
-        let posted = self.post(&mut st.chain, &accepted.posts);
+        // SAFETY: the payload is NCCL's, unchanged until test() reports done (this function's
+        // contract).
+        let posted = unsafe { self.post(&accepted.posts, false) };
         st.proto.recycle(accepted.posts);
         if let Err(e) = posted {
             return Err(st.failed.record(e));
@@ -325,20 +334,37 @@ impl SendComm {
     /// Take what the receiver wrote into the CTS ring, in order: answers to eager messages,
     /// then the next message's CTS; post what they release (a refused eager message again, or
     /// held sends that complete a message).
+    ///
+    /// Messages released together (held sends that each CTS completes) go as one chain per QP,
+    /// posted when the ring has nothing more.
     fn read_answers(&self, st: &mut SendState) -> Result<()> {
-        while let Some((seq, slot)) = st.proto.wants_cts() {
+        let mut released = false;
+        let read = loop {
+            let Some((seq, slot)) = st.proto.wants_cts() else {
+                break Ok(());
+            };
             let posts = match self.read_cts(seq, slot, |entries| st.proto.handle_cts(entries)) {
                 Ok(Some(posts)) => posts,
-                Ok(None) => return Ok(()),
-                Err(e) => return Err(st.failed.record(e)),
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
             };
             if !posts.is_empty() {
-                let posted = self.post(&mut st.chain, &posts);
+                released = true;
+                // SAFETY: the posts carry sends NCCL keeps unchanged until test() reports them
+                // done (isend's contract).
+                let held = unsafe { self.post(&posts, true) };
                 st.proto.recycle(posts);
-                posted.map_err(|e| st.failed.record(e))?;
+                if let Err(e) = held {
+                    break Err(e);
+                }
             }
-        }
-        Ok(())
+        };
+        let posted = if released {
+            self.posts.iter().try_for_each(PostQueue::flush)
+        } else {
+            Ok(())
+        };
+        read.and(posted).map_err(|e| st.failed.record(e))
     }
 
     /// Poll request `index`: `Some(bytes sent)` when done (and then forgotten).
@@ -361,10 +387,12 @@ impl SendComm {
         };
         if done.is_some() {
             st.proto.release(index);
-        } else if let Err(e) = self.check_alive() {
+            return Ok(done);
+        }
+        if let Err(e) = self.check_alive() {
             return Err(st.failed.record(e));
         }
-        Ok(done)
+        Ok(None)
     }
 
     /// `Err` once the device failed or the receiver is gone (closed its comm, or its process).
@@ -383,14 +411,14 @@ impl SendComm {
         slot: usize,
         take: impl FnOnce(&[Cts]) -> Result<R>,
     ) -> Result<Option<R>> {
-        let base = slot * MAX_RECVS * Cts::LEN;
         let want = seq + 1;
         // The sequence number is checked (acquire) before the entry it guards is read.
         let entry = |i: usize| {
-            let at = base + i * Cts::LEN;
+            let at = self.cts_layout.offset(slot, i);
             (self.cts_ring.read_u64_acquire(at + Cts::SEQ_OFFSET) == want)
                 .then(|| Cts::parse(&self.cts_ring.read(at)))
         };
+        let base = self.cts_layout.offset(slot, 0);
         let first_seq = self.cts_ring.read_u64_acquire(base + Cts::SEQ_OFFSET);
         if first_seq < want {
             return Ok(None);
@@ -420,56 +448,51 @@ impl SendComm {
         take(&entries).map(Some)
     }
 
-    /// Post `posts` (grouped by QP, in order) as one chain per QP, gathered in `chain` (kept
-    /// from message to message: no allocation, and no initialising a whole array per post).
-    fn post(&self, chain: &mut Vec<WorkRequest>, posts: &[Post]) -> Result<()> {
-        chain.clear();
-        let mut chain_qp = 0;
-        for p in posts {
-            self.work_requests(p, |qp, wr| {
-                if !chain.is_empty() && (qp != chain_qp || chain.len() == CHAIN) {
-                    self.post_chain(chain_qp, chain)?;
-                    chain.clear();
-                }
-                chain_qp = qp;
-                chain.push(wr);
-                Ok(())
-            })?;
+    /// Post `posts` (grouped by QP, in order): each QP's run goes through its queue, in one
+    /// `ibv_post_send` with what the queue holds unless it fills the chain; with `hold`, kept
+    /// in the queues for a later post (only queues that hold, see `held`).
+    ///
+    /// # Safety
+    /// The payloads `posts` read stay unchanged until their completions (isend's contract).
+    unsafe fn post(&self, posts: &[Post], hold: bool) -> Result<()> {
+        let mut rest = posts;
+        while let Some(first) = rest.first() {
+            let qp = first.qp();
+            let run = rest.iter().take_while(|p| p.qp() == qp).count();
+            let (now, later) = rest.split_at(run);
+            // SAFETY: forwarded from this function's contract; the sizes and header staging
+            // slots are rewritten only after this slot's completion.
+            unsafe {
+                self.posts[qp].submit(hold, |b| now.iter().try_for_each(|p| self.add(b, p)))
+            }?;
+            rest = later;
         }
-        self.post_chain(chain_qp, chain)
+        Ok(())
     }
 
-    fn post_chain(&self, qp: usize, wrs: &[WorkRequest]) -> Result<()> {
-        // SAFETY: payload memory is NCCL's, valid until test() reports done (isend's contract);
-        // the sizes staging slot is rewritten only after this slot's completion.
-        unsafe { self.qps.qps[qp].post_send(wrs) }
-    }
-
-    /// The work requests of `p`, handed to `push` with their QP.
-    fn work_requests(
-        &self,
-        p: &Post,
-        mut push: impl FnMut(usize, WorkRequest) -> Result<()>,
-    ) -> Result<()> {
-        let mut request = |w: &RdmaWrite, wr_id: u64, op: Op, signaled: bool| {
+    /// Add the work request of `p` to its QP's chain.
+    fn add(&self, b: &mut Builder<'_>, p: &Post) -> Result<()> {
+        let request = |w: &RdmaWrite, wr_id: u64, op: Op, signaled: bool| {
             let len =
                 u32::try_from(w.len).map_err(|_| Error::misuse("message larger than 4 GiB"))?;
-            let wr = WorkRequest {
+            Ok::<_, Error>(WorkRequest {
                 wr_id,
                 op,
-                local_addr: w.local_addr,
-                len,
-                lkey: w.lkey,
+                local: Sge {
+                    addr: w.local_addr,
+                    len,
+                    lkey: w.lkey,
+                },
+                tail: Sge::default(),
                 remote_addr: w.remote_addr,
                 rkey: w.rkey,
                 signaled,
-            };
-            push(w.qp, wr)
+            })
         };
-        match *p {
-            Post::Write(w) => request(&w, WR_DATA, Op::Write, false),
+        let wr = match *p {
+            Post::Write(w) => request(&w, WR_DATA, Op::Write, false)?,
             Post::WriteImm { write, imm, slot } => {
-                request(&write, WR_SEND_DONE | slot as u64, Op::WriteImm(imm), true)
+                request(&write, WR_SEND_DONE | slot as u64, Op::WriteImm(imm), true)?
             }
             Post::Eager {
                 qp,
@@ -481,33 +504,31 @@ impl SendComm {
                 len,
                 imm,
             } => {
+                // Header and payload in one write: the header from staging, the payload
+                // gathered behind it into the bounce slot.
                 let (local, remote) = (self.layout.local_member(qp), self.layout.remote_member(qp));
-                let staged = SIZES_RING_BYTES + eager::header_offset(slot) as usize;
+                let staged = SIZES_RING_BYTES + slot * eager::HEADER_BYTES;
                 self.staging.write(staged, &eager::header(seq, tag));
-                let bounce = self.remote_sizes_addr + SIZES_RING_BYTES as u64;
-                let header = RdmaWrite {
-                    qp,
-                    local_addr: self.staging.addr(staged),
-                    lkey: self.staging.mr(local).lkey(),
-                    len: eager::HEADER_BYTES as u64,
-                    remote_addr: bounce + eager::header_offset(slot),
+                let bounce = self.remote_sizes_addr
+                    + SIZES_RING_BYTES as u64
+                    + eager::slot_offset(slot, self.layout.eager_bytes);
+                WorkRequest {
+                    wr_id: WR_SEND_DONE | slot as u64,
+                    op: Op::WriteImm(imm),
+                    local: Sge {
+                        addr: self.staging.addr(staged),
+                        len: eager::HEADER_BYTES as u32,
+                        lkey: self.staging.mr(local).lkey(),
+                    },
+                    tail: Sge {
+                        addr: local_addr,
+                        len: u32::try_from(len).unwrap_or(0),
+                        lkey,
+                    },
+                    remote_addr: bounce,
                     rkey: self.remote_sizes_rkeys[remote],
-                };
-                request(&header, WR_DATA, Op::Write, false)?;
-                let payload = RdmaWrite {
-                    qp,
-                    local_addr,
-                    lkey,
-                    len,
-                    remote_addr: bounce + eager::payload_offset(slot, self.layout.eager_bytes),
-                    rkey: self.remote_sizes_rkeys[remote],
-                };
-                request(
-                    &payload,
-                    WR_SEND_DONE | slot as u64,
-                    Op::WriteImm(imm),
-                    true,
-                )
+                    signaled: true,
+                }
             }
             Post::Sizes { qp, slot, sizes } => {
                 let mut bytes = [0u8; SIZES_SLOT_BYTES];
@@ -524,9 +545,10 @@ impl SendComm {
                     remote_addr: self.remote_sizes_addr + offset as u64,
                     rkey: self.remote_sizes_rkeys[self.layout.remote_member(qp)],
                 };
-                request(&write, WR_DATA, Op::Write, false)
+                request(&write, WR_DATA, Op::Write, false)?
             }
-        }
+        };
+        b.push(&wr)
     }
 
     fn progress(&self, st: &mut SendState) -> Result<()> {

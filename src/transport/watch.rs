@@ -10,6 +10,9 @@
 //!   recorded in the device's health, which every comm on the device reads at each call; port
 //!   and GID changes are logged once per event.
 //!
+//! - **Held posts.** While any comm may hold posts for a batch (`NCCL_NET_RS_BATCH=1`), it
+//!   wakes every [`held::HOLD_LIMIT`] and posts what is still held (see `held`).
+//!
 //! The thread is started by the first registration and blocks in `epoll_wait` when idle. With
 //! `-z nodelete` the library is never unmapped under it.
 
@@ -25,9 +28,10 @@ use std::time::{Duration, Instant};
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
+use super::held;
 use crate::core::error::{Error, Kind, Result};
 use crate::plugin::PLUGIN_NAME;
-use crate::verbs::{AsyncEvent, Device, Epoll};
+use crate::verbs::{AsyncEvent, Device, Epoll, EventFd};
 
 /// The byte an orderly close writes before closing the connection.
 const GOODBYE: u8 = 0x42;
@@ -305,6 +309,19 @@ struct Watcher {
     epoll: Epoll,
     targets: Mutex<HashMap<u64, Target>>,
     next_key: AtomicU64,
+    /// Wakes the thread to recompute its timeout (watched under [`WAKE_KEY`]).
+    wake: EventFd,
+}
+
+/// The epoll key of [`Watcher::wake`] (targets' keys start at 1).
+const WAKE_KEY: u64 = 0;
+
+/// Wake the watcher thread, if it runs: the first queue that may hold posts appeared, so it
+/// must tick every [`held::HOLD_LIMIT`] from now on.
+pub(super) fn wake() {
+    if let Some(w) = WATCHER.get() {
+        w.wake.notify();
+    }
 }
 
 static WATCHER: OnceCell<Watcher> = OnceCell::new();
@@ -315,8 +332,10 @@ impl Watcher {
             let watcher = Self {
                 epoll: Epoll::new()?,
                 targets: Mutex::default(),
-                next_key: AtomicU64::new(1),
+                next_key: AtomicU64::new(WAKE_KEY + 1),
+                wake: EventFd::new()?,
             };
+            watcher.epoll.add(watcher.wake.raw(), WAKE_KEY)?;
             std::thread::Builder::new()
                 .name("rsib-watch".into())
                 .spawn(|| {
@@ -360,12 +379,23 @@ impl Watcher {
     fn run(&self) {
         let mut keys = Vec::new();
         loop {
-            if let Err(e) = self.epoll.wait(&mut keys, 1000) {
+            let timeout_ms = if held::any_registered() {
+                i32::try_from(held::HOLD_LIMIT.as_millis()).unwrap_or(1)
+            } else {
+                1000
+            };
+            let waited = self.epoll.wait(&mut keys, timeout_ms);
+            held::tick();
+            if let Err(e) = waited {
                 tracing::warn!("NET/{PLUGIN_NAME}: watcher: {e}");
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
             for &key in &keys {
+                if key == WAKE_KEY {
+                    self.wake.drain();
+                    continue;
+                }
                 // Clone out of the lock: the handler may take time, and unregister must not wait.
                 let Some(target) = self.targets.lock().get(&key).cloned() else {
                     continue;

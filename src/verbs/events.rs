@@ -86,6 +86,48 @@ impl Epoll {
     }
 }
 
+/// An eventfd, non-blocking: one thread wakes another out of [`Epoll::wait`].
+#[derive(Debug)]
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    /// `eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)`.
+    ///
+    /// # Errors
+    /// `System` when the kernel refuses.
+    pub fn new() -> Result<Self> {
+        // SAFETY: no pointer arguments.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(Error::system("eventfd", io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh descriptor this object now owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Self { fd })
+    }
+
+    /// The descriptor, for [`Epoll::add`].
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Make the descriptor readable (a full counter already is: nothing is lost).
+    pub fn notify(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live u64 to an eventfd this object owns.
+        unsafe { libc::write(self.raw(), std::ptr::from_ref(&one).cast(), 8) };
+    }
+
+    /// Reset the counter (nothing to read is fine: the descriptor is non-blocking).
+    pub fn drain(&self) {
+        let mut count = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 from an eventfd this object owns.
+        unsafe { libc::read(self.raw(), std::ptr::from_mut(&mut count).cast(), 8) };
+    }
+}
+
 /// One asynchronous event of a device, in the terms the plugin acts on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AsyncEvent {

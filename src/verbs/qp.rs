@@ -66,6 +66,17 @@ pub enum Op {
     Read,
 }
 
+/// A piece of registered local memory.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sge {
+    /// Address.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u32,
+    /// Local key of its registration.
+    pub lkey: u32,
+}
+
 /// One send-queue work request over registered memory.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct WorkRequest {
@@ -73,12 +84,12 @@ pub struct WorkRequest {
     pub wr_id: u64,
     /// Operation.
     pub op: Op,
-    /// Local address (source of a write, destination of a read).
-    pub local_addr: u64,
-    /// Bytes; 0 posts no scatter/gather entry.
-    pub len: u32,
-    /// Local key.
-    pub lkey: u32,
+    /// Local memory (source of a write, destination of a read); 0 bytes posts no
+    /// scatter/gather entry.
+    pub local: Sge,
+    /// More local memory gathered right after `local` (an eager message's payload behind its
+    /// header); none when empty.
+    pub tail: Sge,
     /// Remote address.
     pub remote_addr: u64,
     /// Remote key.
@@ -87,8 +98,15 @@ pub struct WorkRequest {
     pub signaled: bool,
 }
 
-/// Work requests posted with one `ibv_post_send` at most (longer lists are split).
-const MAX_CHAIN: usize = 16;
+impl WorkRequest {
+    /// Bytes the request moves.
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.local.len) + u64::from(self.tail.len)
+    }
+}
+
+/// Work requests one [`SendChain`] holds: what one `ibv_post_send` posts at most.
+pub const CHAIN_CAPACITY: usize = 16;
 
 /// An RC queue pair.
 #[derive(Debug)]
@@ -132,7 +150,7 @@ impl QueuePair {
             attr.qp_type = IBV_QPT_RC;
             attr.cap.max_send_wr = caps.max_send_wr;
             attr.cap.max_recv_wr = caps.max_recv_wr;
-            attr.cap.max_send_sge = 1;
+            attr.cap.max_send_sge = 2;
             attr.cap.max_recv_sge = 1;
             attr.cap.max_inline_data = max_inline;
             // SAFETY: live PD and a fully initialised attribute struct.
@@ -269,86 +287,47 @@ impl QueuePair {
         self.modify(&mut a, 1 | 512 | 1024 | 2048 | 65_536 | 8192, "RTS")
     }
 
-    /// Post `wrs` as one chain on the send queue.
-    ///
-    /// # Safety
-    /// Every local range must stay registered and unchanged (for writes) or writable (for reads),
-    /// and every remote range valid for the peer, until the chain's completions are polled or the
-    /// QP is destroyed.
-    ///
-    /// # Errors
-    /// `System` when the provider refuses the post (e.g. ENOMEM: send queue full).
-    pub unsafe fn post_send(&self, wrs: &[WorkRequest]) -> Result<()> {
-        for chain in wrs.chunks(MAX_CHAIN) {
-            // SAFETY: forwarded contract.
-            unsafe { self.post_chain(chain) }?;
-        }
-        Ok(())
+    /// An empty chain for this QP (it knows how much the QP takes inline).
+    pub fn chain(&self) -> SendChain {
+        SendChain::new(self.max_inline)
     }
 
+    /// Post what `chain` holds with one `ibv_post_send`, and empty it.
+    ///
     /// # Safety
-    /// As `post_send`; `wrs.len() <= MAX_CHAIN`.
-    unsafe fn post_chain(&self, wrs: &[WorkRequest]) -> Result<()> {
-        if wrs.is_empty() {
+    /// `chain` came from [`Self::chain`] of this QP. Every local range must stay registered and
+    /// unchanged (for writes) or writable (for reads), and every remote range valid for the
+    /// peer, until the chain's completions are polled or the QP is destroyed; ranges the QP
+    /// takes inline are copied by the post.
+    ///
+    /// # Errors
+    /// `System` when the provider refuses the post (e.g. ENOMEM: send queue full); the chain is
+    /// emptied either way.
+    pub unsafe fn post(&self, chain: &mut SendChain) -> Result<()> {
+        let n = chain.len;
+        if n == 0 {
             return Ok(());
         }
-        // Only the used entries are written: zeroing all MAX_CHAIN work requests (2 KiB) on
-        // every post measurably slowed small messages.
-        let mut sges = [const { MaybeUninit::<sys::ibv_sge>::uninit() }; MAX_CHAIN];
-        let mut chain = [const { MaybeUninit::<sys::ibv_send_wr>::uninit() }; MAX_CHAIN];
-        for (i, w) in wrs.iter().enumerate() {
-            sges[i].write(sys::ibv_sge {
-                addr: w.local_addr,
-                length: w.len,
-                lkey: w.lkey,
-            });
-            // SAFETY: all-zero is a valid ibv_send_wr (NULL pointers, zero fields).
-            let mut c: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
-            c.wr_id = w.wr_id;
-            c.num_sge = i32::from(w.len > 0);
-            c.opcode = match w.op {
-                Op::Write => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                Op::WriteImm(imm) => {
-                    c.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-                    sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
-                }
-                Op::Read => sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
-            };
-            let inline = w.len > 0 && w.len <= self.max_inline && !matches!(w.op, Op::Read);
-            c.send_flags = (if w.signaled { IBV_SEND_SIGNALED } else { 0 })
-                | (if inline { IBV_SEND_INLINE } else { 0 });
-            c.wr.rdma = sys::rdma_t {
-                remote_addr: w.remote_addr,
-                rkey: w.rkey,
-            };
-            chain[i].write(c);
-        }
-        // Link the chain only now: no reference to either array is taken after these pointers.
-        let (sge_base, chain_base) = (sges.as_mut_ptr(), chain.as_mut_ptr());
-        for i in 0..wrs.len() {
-            let entry = chain_base.wrapping_add(i);
-            // SAFETY: `entry` points into `chain` (i < wrs.len() <= MAX_CHAIN); no other access
-            // to the array is live.
-            let entry = unsafe { &mut *entry };
-            // SAFETY: entries 0..wrs.len() were written above.
-            let c = unsafe { entry.assume_init_mut() };
-            if c.num_sge > 0 {
-                c.sg_list = sge_base.wrapping_add(i).cast();
-            }
-            if i + 1 < wrs.len() {
-                c.next = chain_base.wrapping_add(i + 1).cast();
-            }
-        }
+        chain.len = 0;
+        let first = chain.wrs.as_ptr();
+        // The requests are linked up front; cut the link after the last one for this post.
+        let last = first.wrapping_add(n - 1);
+        // SAFETY: `last` is one of the chain's CHAIN_CAPACITY requests (n <= CHAIN_CAPACITY);
+        // only raw pointers into the chain exist.
+        let after = unsafe { (*last).next };
+        // SAFETY: as above.
+        unsafe { (*last).next = std::ptr::null_mut() };
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: live QP and a well-formed chain whose SGEs and WRs outlive the call; memory
-        // validity is the caller's contract.
-        let rc = unsafe { sys::ibv_post_send(self.raw.as_ptr(), chain_base.cast(), &mut bad) };
+        // SAFETY: live QP; the first n requests are initialised and linked, their SGEs point
+        // into the chain; memory validity is the caller's contract.
+        let rc = unsafe { sys::ibv_post_send(self.raw.as_ptr(), first, &mut bad) };
+        // SAFETY: as above.
+        unsafe { (*last).next = after };
         if rc != 0 {
             let device = self.pd.device().name();
             return Err(Error::system(
                 format!(
-                    "ibv_post_send of {} work requests on {device} QP {:#x} failed",
-                    wrs.len(),
+                    "ibv_post_send of {n} work requests on {device} QP {:#x} failed",
                     self.qpn
                 ),
                 io::Error::from_raw_os_error(rc),
@@ -393,6 +372,283 @@ impl Drop for QueuePair {
                 self.qpn,
                 io::Error::from_raw_os_error(rc)
             );
+        }
+    }
+}
+
+/// Work requests built in place for one `ibv_post_send`. The C structures are allocated and
+/// linked once, so adding a request writes only its own fields (no zeroing, no conversion at
+/// post time), and a write that continues the previous one extends it instead of adding one
+/// (a run of adjacent answers goes as one write). Only raw pointers reach into the arrays:
+/// the provider reads them through the links while posting.
+#[derive(Debug)]
+pub struct SendChain {
+    wrs: NonNull<sys::ibv_send_wr>,
+    sges: NonNull<[sys::ibv_sge; 2]>,
+    len: usize,
+    max_inline: u32,
+}
+
+// SAFETY: the pointers reach only into the chain's own allocations, which move with it.
+unsafe impl Send for SendChain {}
+
+/// `ibv_send_wr::send_flags` of a request moving `bytes`: signaled as asked, inline when the QP
+/// takes that much inline (reads never are).
+fn send_flags(signaled: bool, bytes: u64, max_inline: u32, op: Op) -> u32 {
+    let inline = bytes > 0 && bytes <= u64::from(max_inline) && op != Op::Read;
+    (if signaled { IBV_SEND_SIGNALED } else { 0 }) | (if inline { IBV_SEND_INLINE } else { 0 })
+}
+
+impl SendChain {
+    fn new(max_inline: u32) -> Self {
+        let wrs = NonNull::from(Box::leak(
+            // SAFETY: all-zero is a valid ibv_send_wr (NULL pointers, zero fields).
+            unsafe { Box::<[sys::ibv_send_wr]>::new_zeroed_slice(CHAIN_CAPACITY).assume_init() },
+        ))
+        .cast::<sys::ibv_send_wr>();
+        let sges = NonNull::from(Box::leak(
+            // SAFETY: all-zero is a valid ibv_sge.
+            unsafe { Box::<[[sys::ibv_sge; 2]]>::new_zeroed_slice(CHAIN_CAPACITY).assume_init() },
+        ))
+        .cast::<[sys::ibv_sge; 2]>();
+        let mut chain = Self {
+            wrs,
+            sges,
+            len: 0,
+            max_inline,
+        };
+        for i in 0..CHAIN_CAPACITY {
+            let next = if i + 1 < CHAIN_CAPACITY {
+                wrs.as_ptr().wrapping_add(i + 1)
+            } else {
+                std::ptr::null_mut()
+            };
+            let (wr, pair) = chain.entry(i);
+            wr.sg_list = pair.as_mut_ptr();
+            wr.next = next;
+        }
+        chain
+    }
+
+    /// Request `i` and its two SGEs. The references end before any post: the provider reads
+    /// the chain only inside [`QueuePair::post`].
+    fn entry(&mut self, i: usize) -> (&mut sys::ibv_send_wr, &mut [sys::ibv_sge; 2]) {
+        assert!(i < CHAIN_CAPACITY, "send chain entry out of bounds");
+        let (wr, pair) = (
+            self.wrs.as_ptr().wrapping_add(i),
+            self.sges.as_ptr().wrapping_add(i),
+        );
+        // SAFETY: in bounds of the chain's allocation (checked); `&mut self` excludes any
+        // other access.
+        let wr = unsafe { &mut *wr };
+        // SAFETY: as above, in the other allocation.
+        let pair = unsafe { &mut *pair };
+        (wr, pair)
+    }
+
+    /// Requests in the chain.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the chain holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Append `w`; `false` (and nothing added) when the chain is full.
+    pub fn push(&mut self, w: &WorkRequest) -> bool {
+        if self.len == CHAIN_CAPACITY {
+            return false;
+        }
+        let pieces = match (w.local.len, w.tail.len) {
+            (0, _) => 0,
+            (_, 0) => 1,
+            _ => 2,
+        };
+        let (opcode, imm) = match w.op {
+            Op::Write => (sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, 0),
+            Op::WriteImm(imm) => (sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, imm),
+            Op::Read => (sys::ibv_wr_opcode::IBV_WR_RDMA_READ, 0),
+        };
+        let flags = send_flags(w.signaled, w.bytes(), self.max_inline, w.op);
+        let (wr, pair) = self.entry(self.len);
+        let sge = |s: &Sge| sys::ibv_sge {
+            addr: s.addr,
+            length: s.len,
+            lkey: s.lkey,
+        };
+        *pair = [sge(&w.local), sge(&w.tail)];
+        wr.wr_id = w.wr_id;
+        wr.num_sge = pieces;
+        wr.opcode = opcode;
+        wr.send_flags = flags;
+        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        wr.wr.rdma = sys::rdma_t {
+            remote_addr: w.remote_addr,
+            rkey: w.rkey,
+        };
+        self.len += 1;
+        true
+    }
+
+    /// Extend the last request by `w` when `w` continues it: both RDMA writes of one piece,
+    /// the last one unsignaled, `w` reading the local bytes right after the last one's and
+    /// writing the remote bytes right after its own, under the same keys. Returns whether it
+    /// did (the merged write is signaled, with `w`'s id, when `w` is).
+    pub fn merge(&mut self, w: &WorkRequest) -> bool {
+        if self.len == 0 || w.op != Op::Write || w.tail.len != 0 || w.local.len == 0 {
+            return false;
+        }
+        let max_inline = self.max_inline;
+        let (wr, pair) = self.entry(self.len - 1);
+        if wr.opcode != sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE
+            || wr.num_sge != 1
+            || wr.send_flags & IBV_SEND_SIGNALED != 0
+        {
+            return false;
+        }
+        // SAFETY: an RDMA write's `wr` union holds `rdma` (set by `push`).
+        let rdma = unsafe { wr.wr.rdma };
+        let last = &mut pair[0];
+        let continues = last.lkey == w.local.lkey
+            && rdma.rkey == w.rkey
+            && last.addr + u64::from(last.length) == w.local.addr
+            && rdma.remote_addr + u64::from(last.length) == w.remote_addr;
+        let Some(total) = last.length.checked_add(w.local.len).filter(|_| continues) else {
+            return false;
+        };
+        last.length = total;
+        wr.send_flags = send_flags(w.signaled, u64::from(total), max_inline, Op::Write);
+        if w.signaled {
+            wr.wr_id = w.wr_id;
+        }
+        true
+    }
+}
+
+impl Drop for SendChain {
+    fn drop(&mut self) {
+        let wrs = std::ptr::slice_from_raw_parts_mut(self.wrs.as_ptr(), CHAIN_CAPACITY);
+        let sges = std::ptr::slice_from_raw_parts_mut(self.sges.as_ptr(), CHAIN_CAPACITY);
+        // SAFETY: a boxed slice of CHAIN_CAPACITY entries leaked in `new`, freed once.
+        drop(unsafe { Box::from_raw(wrs) });
+        // SAFETY: as above.
+        drop(unsafe { Box::from_raw(sges) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(local: u64, remote: u64, len: u32, signaled: bool) -> WorkRequest {
+        WorkRequest {
+            wr_id: local,
+            op: Op::Write,
+            local: Sge {
+                addr: local,
+                len,
+                lkey: 5,
+            },
+            tail: Sge::default(),
+            remote_addr: remote,
+            rkey: 9,
+            signaled,
+        }
+    }
+
+    /// The C view of request `i`: (wr_id, num_sge, flags, first SGE length, remote address).
+    fn view(c: &mut SendChain, i: usize) -> (u64, i32, u32, u32, u64) {
+        let (wr, pair) = c.entry(i);
+        // SAFETY: every request in these tests is an RDMA operation.
+        let remote = unsafe { wr.wr.rdma }.remote_addr;
+        (wr.wr_id, wr.num_sge, wr.send_flags, pair[0].length, remote)
+    }
+
+    #[test]
+    fn adjacent_unsignaled_writes_merge_into_one_and_a_signaled_one_closes_the_run() {
+        let mut c = SendChain::new(64);
+        assert!(c.push(&write(1000, 5000, 64, false)));
+        assert!(c.merge(&write(1064, 5064, 64, false)));
+        // The merged write is 128 bytes: too long to go inline.
+        assert_eq!(view(&mut c, 0), (1000, 1, 0, 128, 5000));
+        // A signaled continuation joins and makes the write signaled, with its id.
+        assert!(c.merge(&write(1128, 5128, 64, true)));
+        assert_eq!(view(&mut c, 0), (1128, 1, IBV_SEND_SIGNALED, 192, 5000));
+        // Nothing joins a signaled write (its completion stands for what it carries).
+        assert!(!c.merge(&write(1192, 5192, 64, false)));
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn writes_that_do_not_continue_the_last_one_are_not_merged() {
+        let mut c = SendChain::new(64);
+        assert!(!c.merge(&write(0, 0, 64, false)), "nothing to merge into");
+        assert!(c.push(&write(1000, 5000, 64, false)));
+        for (w, why) in [
+            (write(1064, 6000, 64, false), "remote gap"),
+            (write(2000, 5064, 64, false), "local gap"),
+            (
+                WorkRequest {
+                    rkey: 8,
+                    ..write(1064, 5064, 64, false)
+                },
+                "other rkey",
+            ),
+            (
+                WorkRequest {
+                    op: Op::WriteImm(1),
+                    ..write(1064, 5064, 64, false)
+                },
+                "immediate",
+            ),
+            (write(1064, 5064, 0, false), "empty"),
+        ] {
+            assert!(!c.merge(&w), "{why}");
+        }
+        assert_eq!(view(&mut c, 0), (1000, 1, IBV_SEND_INLINE, 64, 5000));
+    }
+
+    #[test]
+    fn two_pieces_gather_behind_each_other_and_inline_when_small() {
+        let mut c = SendChain::new(64);
+        let eager = WorkRequest {
+            op: Op::WriteImm(7),
+            tail: Sge {
+                addr: 9000,
+                len: 8,
+                lkey: 6,
+            },
+            ..write(1000, 5000, 16, true)
+        };
+        assert!(c.push(&eager));
+        let (wr, pair) = c.entry(0);
+        assert_eq!(wr.num_sge, 2);
+        assert_eq!(wr.send_flags, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+        assert_eq!((pair[1].addr, pair[1].length, pair[1].lkey), (9000, 8, 6));
+        // SAFETY: reading the immediate written by `push`.
+        let imm = unsafe { wr.imm_data_invalidated_rkey_union.imm_data };
+        assert_eq!(imm, 7u32.to_be());
+    }
+
+    #[test]
+    fn a_full_chain_refuses_more_and_its_links_stay_in_place() {
+        let mut c = SendChain::new(0);
+        for i in 0..CHAIN_CAPACITY as u64 {
+            assert!(c.push(&write(i * 4096, i * 4096, 8, false)));
+        }
+        assert!(!c.push(&write(0, 0, 8, false)));
+        let base = c.wrs.as_ptr();
+        for i in 0..CHAIN_CAPACITY {
+            let (wr, pair) = c.entry(i);
+            let expected = if i + 1 < CHAIN_CAPACITY {
+                base.wrapping_add(i + 1)
+            } else {
+                std::ptr::null_mut()
+            };
+            assert_eq!(wr.next, expected);
+            assert_eq!(wr.sg_list, pair.as_mut_ptr());
         }
     }
 }

@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nccl_net::core::wire::{Endpoint, Hello, ListenHandle, Role};
+use nccl_net::core::wire::{DATA_PATH_REVISION, Endpoint, Hello, ListenHandle, Role};
 
 use crate::support::net::{Handle, hex};
 use crate::{
@@ -97,6 +97,7 @@ fn intrude(kind: Intruder, addr: SocketAddr) -> Option<TcpStream> {
                 service_level: 0,
                 split_data: false,
                 eager_bytes: 0,
+                revision: DATA_PATH_REVISION,
             };
             s.write_all(&hello.emit()).unwrap();
             Some(s)

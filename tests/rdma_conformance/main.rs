@@ -14,6 +14,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod batch;
 mod connections;
 mod data_path;
 mod eager;
@@ -312,6 +313,7 @@ fn scenarios() -> impl Iterator<Item = &'static Scenario> {
         .chain(faults::SCENARIOS)
         .chain(versions::SCENARIOS)
         .chain(eager::SCENARIOS)
+        .chain(batch::SCENARIOS)
 }
 
 /// The ncclNet versions the common scenarios run through: the oldest and the newest table,
@@ -336,6 +338,7 @@ fn runs() -> Vec<(String, &'static Scenario, Option<u8>)> {
         versions::SCENARIOS
             .iter()
             .chain(eager::SCENARIOS)
+            .chain(batch::SCENARIOS)
             .map(|s| (s.name.to_owned(), s, None)),
     );
     runs

@@ -1,0 +1,244 @@
+//! Posts held back for a batch. Each QP a comm posts on has a [`PostQueue`]: the comm builds
+//! its work requests in the queue's chain and either posts them at once or holds them, so
+//! that what several calls produce goes in one `ibv_post_send`, and adjacent writes (a run of
+//! answers in the CTS ring) as one write.
+//!
+//! With `NCCL_NET_RS_BATCH=1` (off by default: on rxe it measured slower, see README
+//! "Performance"), two things are held. A receive comm's answers, across consecutive `irecv`s
+//! on that comm: what NCCL's proxy does when it posts a step's receives before it tests any.
+//! And a send comm's messages that one reading of the CTS ring releases together, until the
+//! reading ends. Holding must never leave a peer waiting for something this side will not
+//! post, nor stall a pipeline behind unrelated work, so what a queue holds is posted:
+//! - at the start of every other call into the plugin, on any comm ([`flush_all`], from the
+//!   C entry points): a `test`, an `isend`, an `irecv` on another comm, a close;
+//! - when the chain is full;
+//! - at the latest [`HOLD_LIMIT`] after it was added, by the watcher thread ([`tick`]): a
+//!   client that posts receives and then waits outside the plugin (a barrier, another library)
+//!   still makes progress.
+//!
+//! Lock order: a comm's state, then the queue registry, then a queue's chain. The registry walk
+//! only ever *tries* a chain's lock: a chain that is busy belongs to a comm in the middle of a
+//! call, which posts it itself or leaves it to the next walk.
+#![allow(unsafe_code)] // posts work requests whose memory the comms vouch for
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, const_mutex};
+
+use super::conn::Failure;
+use crate::core::error::Result;
+use crate::verbs::{QueuePair, SendChain, WorkRequest};
+
+/// The longest a held post waits when the client makes no further call: the watcher's tick
+/// while any queue may hold. (A 1 ms tick measurably slowed both benchmark processes on the
+/// emulated two-core test bed.)
+pub(crate) const HOLD_LIMIT: Duration = Duration::from_millis(10);
+
+#[derive(Debug)]
+struct Chain {
+    chain: SendChain,
+    /// A post made for this queue outside its comm's calls (by [`flush_all`]) failed; the comm
+    /// reports it at its next post.
+    failed: Failure,
+}
+
+#[derive(Debug)]
+struct Queue {
+    qp: Arc<QueuePair>,
+    chain: Mutex<Chain>,
+    /// The chain holds requests (read without its lock by [`flush_all`]).
+    holding: AtomicBool,
+}
+
+/// Every queue that may hold, for [`flush_all`] and the watcher.
+static QUEUES: Mutex<Vec<Arc<Queue>>> = const_mutex(Vec::new());
+/// Queues whose chain holds requests right now.
+static HOLDING: AtomicUsize = AtomicUsize::new(0);
+/// Queues registered in [`QUEUES`].
+static REGISTERED: AtomicUsize = AtomicUsize::new(0);
+
+impl Queue {
+    fn set_holding(&self, holding: bool) {
+        if self.holding.swap(holding, Ordering::AcqRel) != holding {
+            if holding {
+                HOLDING.fetch_add(1, Ordering::AcqRel);
+            } else {
+                HOLDING.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Post what `c` holds.
+    fn post(&self, c: &mut Chain) -> Result<()> {
+        self.set_holding(false);
+        // SAFETY: every request in the chain was added through `PostQueue::submit`, whose
+        // caller vouched for its memory until its completion; the chain is this QP's.
+        unsafe { self.qp.post(&mut c.chain) }
+    }
+}
+
+/// The work requests one QP of a comm posts, possibly held back (see the module doc).
+#[derive(Debug)]
+pub(super) struct PostQueue {
+    queue: Arc<Queue>,
+    /// Registered for [`flush_all`]: only a queue that may hold.
+    registered: bool,
+}
+
+/// What [`PostQueue::submit`] hands its closure: the queue's chain, posted whenever it fills.
+#[derive(Debug)]
+pub(super) struct Builder<'a> {
+    queue: &'a Queue,
+    chain: &'a mut Chain,
+}
+
+impl Builder<'_> {
+    /// Add `w`, posting the chain first when it is full.
+    ///
+    /// # Errors
+    /// `System` when that post fails.
+    pub(super) fn push(&mut self, w: &WorkRequest) -> Result<()> {
+        if !self.chain.chain.push(w) {
+            self.queue.post(self.chain)?;
+            self.chain.chain.push(w);
+        }
+        Ok(())
+    }
+
+    /// Add `w`, as part of the last request when it continues it (see [`SendChain::merge`]).
+    ///
+    /// # Errors
+    /// As [`Self::push`].
+    pub(super) fn push_merged(&mut self, w: &WorkRequest) -> Result<()> {
+        if self.chain.chain.merge(w) {
+            return Ok(());
+        }
+        self.push(w)
+    }
+}
+
+impl PostQueue {
+    /// The queue of `qp`; `holds`: it may hold posts (registered for [`flush_all`]).
+    pub(super) fn new(qp: Arc<QueuePair>, holds: bool) -> Self {
+        let chain = qp.chain();
+        let queue = Arc::new(Queue {
+            qp,
+            chain: Mutex::new(Chain {
+                chain,
+                failed: Failure::default(),
+            }),
+            holding: AtomicBool::new(false),
+        });
+        if holds {
+            QUEUES.lock().push(Arc::clone(&queue));
+            if REGISTERED.fetch_add(1, Ordering::AcqRel) == 0 {
+                super::watch::wake();
+            }
+        }
+        Self {
+            queue,
+            registered: holds,
+        }
+    }
+
+    /// Add requests through `add`, then post everything the queue holds, or, with `hold`, keep
+    /// it for later (only a queue made to hold does).
+    ///
+    /// # Safety
+    /// Every request `add` adds must keep its local ranges registered and unchanged (writes) or
+    /// writable (reads), and its remote ranges valid for the peer, until its completion is
+    /// polled or the QP is destroyed.
+    ///
+    /// # Errors
+    /// A failure of an earlier post made for this queue by [`flush_all`], what `add` returns,
+    /// or `System` when a post fails.
+    pub(super) unsafe fn submit(
+        &self,
+        hold: bool,
+        add: impl FnOnce(&mut Builder<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut chain = self.queue.chain.lock();
+        chain.failed.check()?;
+        add(&mut Builder {
+            queue: &self.queue,
+            chain: &mut chain,
+        })?;
+        if hold && self.registered {
+            self.queue.set_holding(!chain.chain.is_empty());
+            return Ok(());
+        }
+        self.queue.post(&mut chain)
+    }
+
+    /// Post what the queue holds.
+    ///
+    /// # Errors
+    /// As [`Self::submit`].
+    pub(super) fn flush(&self) -> Result<()> {
+        if !self.queue.holding.load(Ordering::Acquire) {
+            return self.queue.chain.lock().failed.check();
+        }
+        let mut chain = self.queue.chain.lock();
+        chain.failed.check()?;
+        self.queue.post(&mut chain)
+    }
+}
+
+impl Drop for PostQueue {
+    fn drop(&mut self) {
+        if self.registered {
+            QUEUES.lock().retain(|q| !Arc::ptr_eq(q, &self.queue));
+            REGISTERED.fetch_sub(1, Ordering::AcqRel);
+        }
+        // What is still held goes now (the comm waits for it before destroying the QP).
+        if let Err(e) = self.flush() {
+            tracing::debug!("posting held work requests at close: {e}");
+        }
+        self.queue.set_holding(false);
+    }
+}
+
+/// Post what every queue of the process holds (a call other than an `irecv` begins). Costs
+/// one atomic load when nothing is held.
+pub fn flush_all() {
+    if HOLDING.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    flush_registered(&[]);
+}
+
+/// As [`flush_all`], but leave what `keep` holds (an `irecv` on the comm that owns them).
+pub(super) fn flush_all_but(keep: &[PostQueue]) {
+    if HOLDING.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    flush_registered(keep);
+}
+
+#[cold]
+fn flush_registered(keep: &[PostQueue]) {
+    let queues = QUEUES.lock();
+    let kept = |q: &Arc<Queue>| keep.iter().any(|k| Arc::ptr_eq(&k.queue, q));
+    for q in queues
+        .iter()
+        .filter(|q| q.holding.load(Ordering::Acquire) && !kept(q))
+    {
+        if let Some(mut chain) = q.chain.try_lock()
+            && let Err(e) = q.post(&mut chain)
+        {
+            chain.failed.record(e);
+        }
+    }
+}
+
+/// The watcher's periodic call: post what is held (see [`HOLD_LIMIT`]).
+pub(super) fn tick() {
+    flush_all();
+}
+
+/// Whether any queue may hold posts: the watcher then ticks every [`HOLD_LIMIT`].
+pub(super) fn any_registered() -> bool {
+    REGISTERED.load(Ordering::Acquire) > 0
+}
