@@ -1256,11 +1256,7 @@ impl SendSide {
         };
         let slot = &mut self.rendezvous[slot_index];
         let n = slot.cts.len();
-        let capacity = if n == 1 {
-            slot.cts[0].size
-        } else {
-            capacity(slot.cts.iter().map(|c| c.size))
-        };
+        let capacity = capacity(slot.cts.iter().map(|c| c.size));
         let qps = layout.qps_for(seq, capacity);
         let used = qps.len();
         // Called once every entry is matched, so the first one is.

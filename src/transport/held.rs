@@ -12,7 +12,7 @@
 //! - at the start of every other call into the plugin, on any comm ([`flush_all`], from the
 //!   C entry points): a `test`, an `isend`, an `irecv` on another comm, a close;
 //! - when the chain is full;
-//! - at the latest [`HOLD_LIMIT`] after it was added, by the watcher thread ([`tick`]): a
+//! - at the latest [`HOLD_LIMIT`] after it was added, by the watcher thread (which calls [`flush_all`]): a
 //!   client that posts receives and then waits outside the plugin (a barrier, another library)
 //!   still makes progress.
 //!
@@ -203,10 +203,7 @@ impl Drop for PostQueue {
 /// Post what every queue of the process holds (a call other than an `irecv` begins). Costs
 /// one atomic load when nothing is held.
 pub fn flush_all() {
-    if HOLDING.load(Ordering::Acquire) == 0 {
-        return;
-    }
-    flush_registered(&[]);
+    flush_all_but(&[]);
 }
 
 /// As [`flush_all`], but leave what `keep` holds (an `irecv` on the comm that owns them).
@@ -231,11 +228,6 @@ fn flush_registered(keep: &[PostQueue]) {
             chain.failed.record(e);
         }
     }
-}
-
-/// The watcher's periodic call: post what is held (see [`HOLD_LIMIT`]).
-pub(super) fn tick() {
-    flush_all();
 }
 
 /// Whether any queue may hold posts: the watcher then ticks every [`HOLD_LIMIT`].

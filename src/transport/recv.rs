@@ -376,12 +376,13 @@ impl RecvComm {
         // next one in the ring slot, written after this one on the same QP (a connection that
         // copies eager messages has one QP; otherwise the sender read this answer).
         unsafe {
-            self.answers[cts.qp].submit(hold, |b| match self.cts_layout {
-                CtsLayout::Legacy => b.push_merged(&write(0, n, signaled)),
-                CtsLayout::Dense if n == 1 => b.push_merged(&write(0, 1, signaled)),
-                CtsLayout::Dense => {
+            self.answers[cts.qp].submit(hold, |b| {
+                if self.cts_layout == CtsLayout::Dense && n > 1 {
+                    // A grouped receive's first entry and the rest lie apart in this layout.
                     b.push_merged(&write(0, 1, false))?;
                     b.push_merged(&write(1, n - 1, signaled))
+                } else {
+                    b.push_merged(&write(0, n, signaled))
                 }
             })
         }

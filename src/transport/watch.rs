@@ -385,7 +385,7 @@ impl Watcher {
                 1000
             };
             let waited = self.epoll.wait(&mut keys, timeout_ms);
-            held::tick();
+            held::flush_all();
             if let Err(e) = waited {
                 tracing::warn!("NET/{PLUGIN_NAME}: watcher: {e}");
                 std::thread::sleep(Duration::from_millis(100));

@@ -106,7 +106,7 @@ impl WorkRequest {
 }
 
 /// Work requests one [`SendChain`] holds: what one `ibv_post_send` posts at most.
-pub const CHAIN_CAPACITY: usize = 16;
+const CHAIN_CAPACITY: usize = 16;
 
 /// An RC queue pair.
 #[derive(Debug)]
@@ -446,11 +446,6 @@ impl SendChain {
         (wr, pair)
     }
 
-    /// Requests in the chain.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
     /// Whether the chain holds nothing.
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -578,7 +573,7 @@ mod tests {
         assert_eq!(view(&mut c, 0), (1128, 1, IBV_SEND_SIGNALED, 192, 5000));
         // Nothing joins a signaled write (its completion stands for what it carries).
         assert!(!c.merge(&write(1192, 5192, 64, false)));
-        assert_eq!(c.len(), 1);
+        assert_eq!(c.len, 1);
     }
 
     #[test]
