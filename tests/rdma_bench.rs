@@ -146,6 +146,27 @@ fn a_full_ring_in_flight_through_the_eager_path_completes_verified() {
     }
 }
 
+/// The smallest runs each ping-pong can make: one timed round and no warm-up. The default
+/// ping-pong keeps two receives posted ahead, so a single round posted one too many and waited
+/// on it until the deadline; a warm-up of a tenth of the rounds makes such short ping-pongs
+/// too, before every timed one.
+#[test]
+fn one_round_ping_pongs_without_warmup_complete_in_every_mode() {
+    for mode in [None, Some("--recv-late"), Some("--recv-preposted")] {
+        let mut args = vec!["--min", "8", "--max", "64", "--iters", "8"];
+        args.extend(["--lat-iters", "1", "--warmup", "0"]);
+        args.extend(mode);
+        let doc = verified_sweep(&args);
+        assert_eq!(doc["warmup"], 0, "{doc}");
+        let rows = doc["results"].as_array().unwrap();
+        assert_eq!(rows.len(), 4, "8 B to 64 B ({mode:?}): {doc}");
+        for row in rows {
+            assert_eq!(row["verified"], true, "data not verified ({mode:?}): {row}");
+            assert!(row["lat_us"].as_f64().unwrap() > 0.0, "{row}");
+        }
+    }
+}
+
 #[test]
 fn table_output_has_a_header_and_a_row_per_size() {
     let plugin = support::plugin_path();

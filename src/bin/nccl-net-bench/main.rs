@@ -54,6 +54,12 @@ struct Options {
     /// Fixed ping-pong iterations per size.
     #[arg(long)]
     lat_iters: Option<usize>,
+    /// Untimed messages before each size's timed phases, at most a tenth of the timed ones:
+    /// streamed before the bandwidth phase (at least one window), and as many ping-pong rounds
+    /// before the latency, so that neither times first-use costs (page faults, lazily built
+    /// state, an emulated CPU translating code), which otherwise land on the first size.
+    #[arg(long, default_value_t = 50)]
+    warmup: usize,
     /// Check every received byte.
     #[arg(long)]
     verify: bool,
@@ -163,7 +169,7 @@ fn bw_iters(o: &Options, size: usize) -> usize {
 
 fn lat_iters(o: &Options, size: usize) -> usize {
     o.lat_iters
-        .unwrap_or_else(|| ((16 << 20) / size).clamp(4, 200))
+        .unwrap_or_else(|| ((16 << 20) / size).clamp(4, 1000))
 }
 
 /// CPU seconds (user + system) this process has used.
@@ -448,8 +454,10 @@ impl Endpoint {
                 Ok(one_way_us(timed))
             }
             Ping::Ahead => {
-                let mut posted: std::collections::VecDeque<Ptr> =
-                    [post_recv()?, post_recv()?].into();
+                // Two ahead (one round needs one).
+                let mut posted = (0..iters.min(2))
+                    .map(|_| post_recv())
+                    .collect::<Result<std::collections::VecDeque<Ptr>, _>>()?;
                 let mut sends: std::collections::VecDeque<Ptr> = std::collections::VecDeque::new();
                 let start = Instant::now();
                 if rank0 {
@@ -499,12 +507,12 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
         if rank0 && !o.json {
             eprint!("\r[{}/{}] {size} B ...          ", k + 1, all.len());
         }
-        // Warm-up: fill the pipeline once.
+        let stream_warmup = o.warmup.min(iters / 10).max(o.window());
         ctl.barrier()?;
         if rank0 {
-            ep.send_stream(o, size, o.window(), seed)?
+            ep.send_stream(o, size, stream_warmup, seed)?
         } else {
-            ep.recv_stream(o, size, o.window(), seed).map(|_| ())?
+            ep.recv_stream(o, size, stream_warmup, seed).map(|_| ())?
         };
         ctl.barrier()?;
         let cpu0 = cpu_seconds();
@@ -517,7 +525,12 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
         let seconds = t0.elapsed().as_secs_f64();
         let cpu = cpu_seconds() - cpu0;
         ctl.barrier()?;
-        let lat_us = ep.ping_pong(rank0, size, lat_iters(o, size), o.ping(), &mut ctl)?;
+        let rounds = lat_iters(o, size);
+        let ping_warmup = o.warmup.min(rounds / 10);
+        if ping_warmup > 0 {
+            ep.ping_pong(rank0, size, ping_warmup, o.ping(), &mut ctl)?;
+        }
+        let lat_us = ep.ping_pong(rank0, size, rounds, o.ping(), &mut ctl)?;
         if rank0 {
             let cpu_recv = ctl.recv_f64()?;
             let recv_ok = ctl.recv::<1>()?[0] == 1;
@@ -561,11 +574,12 @@ fn print_table(o: &Options, report: &Report) {
     );
     println!(
         "# {} in flight, buffers registered once, {} bytes per size (iterations below), verify {}, \
-         ping-pong receives {}",
+         ping-pong receives {}, warm-up up to {} untimed",
         o.inflight,
         o.bytes_per_size,
         if o.verify { "on" } else { "off" },
-        o.ping().name()
+        o.ping().name(),
+        o.warmup
     );
     println!(
         "{:>10} {:>7} {:>12} {:>12} {:>12} {:>11} {:>11} {:>8}",
@@ -622,6 +636,7 @@ fn print_json(o: &Options, report: &Report) {
         "device": report.device,
         "inflight": o.inflight,
         "ping": o.ping().name(),
+        "warmup": o.warmup,
         "results": results,
     });
     println!("{doc}");
