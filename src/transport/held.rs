@@ -12,9 +12,9 @@
 //! - at the start of every other call into the plugin, on any comm ([`flush_all`], from the
 //!   C entry points): a `test`, an `isend`, an `irecv` on another comm, a close;
 //! - when the chain is full;
-//! - at the latest [`HOLD_LIMIT`] after it was added, by the watcher thread (which calls [`flush_all`]): a
-//!   client that posts receives and then waits outside the plugin (a barrier, another library)
-//!   still makes progress.
+//! - at the latest [`HOLD_LIMIT`] after it was added, by the watcher thread (which calls
+//!   [`flush_all`]): a client that posts receives and then waits outside the plugin (a barrier,
+//!   another library) still makes progress.
 //!
 //! Lock order: a comm's state, then the queue registry, then a queue's chain. The registry walk
 //! only ever *tries* a chain's lock: a chain that is busy belongs to a comm in the middle of a

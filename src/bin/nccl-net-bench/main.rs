@@ -172,6 +172,11 @@ fn lat_iters(o: &Options, size: usize) -> usize {
         .unwrap_or_else(|| ((16 << 20) / size).clamp(4, 1000))
 }
 
+/// Untimed messages before a phase of `timed` messages: `--warmup`, at most a tenth of them.
+fn warmup(o: &Options, timed: usize) -> usize {
+    o.warmup.min(timed / 10)
+}
+
 /// CPU seconds (user + system) this process has used.
 #[allow(unsafe_code)] // one getrusage call
 fn cpu_seconds() -> f64 {
@@ -507,7 +512,7 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
         if rank0 && !o.json {
             eprint!("\r[{}/{}] {size} B ...          ", k + 1, all.len());
         }
-        let stream_warmup = o.warmup.min(iters / 10).max(o.window());
+        let stream_warmup = warmup(o, iters).max(o.window());
         ctl.barrier()?;
         if rank0 {
             ep.send_stream(o, size, stream_warmup, seed)?
@@ -526,7 +531,7 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
         let cpu = cpu_seconds() - cpu0;
         ctl.barrier()?;
         let rounds = lat_iters(o, size);
-        let ping_warmup = o.warmup.min(rounds / 10);
+        let ping_warmup = warmup(o, rounds);
         if ping_warmup > 0 {
             ep.ping_pong(rank0, size, ping_warmup, o.ping(), &mut ctl)?;
         }
