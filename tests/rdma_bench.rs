@@ -36,6 +36,16 @@ fn verified_sweep(args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&stdout).unwrap()
 }
 
+/// The benchmark's table for this plugin with `args`; fails the test when the run fails.
+fn table(args: &[&str]) -> String {
+    let plugin = support::plugin_path();
+    let mut all = vec!["--plugin", plugin.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let (ok, stdout, stderr) = bench(&all);
+    assert!(ok, "benchmark failed:\n{stdout}\n{stderr}");
+    stdout
+}
+
 #[test]
 fn sweep_reports_every_size_with_verified_data() {
     assert!(
@@ -167,12 +177,61 @@ fn one_round_ping_pongs_without_warmup_complete_in_every_mode() {
     }
 }
 
+/// `--call-times`: each side times the isend and irecv that start a request and the test that
+/// finds a receive done, in every ping-pong mode; each mean is positive and shorter than the
+/// round trip it is part of, and the table grows their three columns.
+#[test]
+fn call_times_split_the_round_trip_per_call() {
+    for mode in [None, Some("--recv-late"), Some("--recv-preposted")] {
+        let mut args = vec![
+            "--min",
+            "8",
+            "--max",
+            "1K",
+            "--iters",
+            "16",
+            "--lat-iters",
+            "60",
+        ];
+        args.push("--call-times");
+        args.extend(mode);
+        let doc = verified_sweep(&args);
+        assert_eq!(doc["call_times"], true, "{doc}");
+        for row in doc["results"].as_array().unwrap() {
+            assert_eq!(row["verified"], true, "{row}");
+            let round_trip = 2.0 * row["lat_us"].as_f64().unwrap();
+            for call in ["isend", "irecv", "found_test"] {
+                let us = row["call_us"][call].as_f64().unwrap_or(-1.0);
+                assert!(
+                    us > 0.0 && us < round_trip,
+                    "{call} {us} us ({mode:?}): {row}"
+                );
+            }
+        }
+    }
+    let stdout = table(&[
+        "--min",
+        "8",
+        "--max",
+        "16",
+        "--iters",
+        "16",
+        "--lat-iters",
+        "20",
+        "--call-times",
+    ]);
+    let header = stdout.lines().find(|l| l.contains("size(B)")).unwrap_or("");
+    assert!(header.ends_with("found"), "{stdout}");
+    let row = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("16 "))
+        .unwrap_or("");
+    assert_eq!(row.split_whitespace().count(), 11, "{stdout}");
+}
+
 #[test]
 fn table_output_has_a_header_and_a_row_per_size() {
-    let plugin = support::plugin_path();
-    let (ok, stdout, stderr) = bench(&[
-        "--plugin",
-        plugin.to_str().unwrap(),
+    let stdout = table(&[
         "--min",
         "4K",
         "--max",
@@ -182,7 +241,6 @@ fn table_output_has_a_header_and_a_row_per_size() {
         "--lat-iters",
         "10",
     ]);
-    assert!(ok, "benchmark failed:\n{stdout}\n{stderr}");
     assert!(
         stdout.contains("# nccl-net-bench: plugin") && stdout.contains("8 in flight"),
         "{stdout}"

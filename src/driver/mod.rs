@@ -783,12 +783,21 @@ impl Driver {
     /// # Errors
     /// A line with the code, or that the deadline passed.
     pub fn wait(&self, req: Ptr, deadline: Instant) -> Result<[c_int; MAX_RECV_BUFFERS], String> {
+        self.wait_with(deadline, || self.test_step(req))
+    }
+
+    /// Call `test` (a [`Self::test_step`], possibly wrapped) until it reports done.
+    ///
+    /// # Errors
+    /// A line with the code, or that the deadline passed.
+    pub fn wait_with(
+        &self,
+        deadline: Instant,
+        mut test: impl FnMut() -> Result<Option<[c_int; MAX_RECV_BUFFERS]>, i32>,
+    ) -> Result<[c_int; MAX_RECV_BUFFERS], String> {
         let mut polls = 0;
         loop {
-            if let Some(sizes) = self
-                .test_step(req)
-                .map_err(|rc| format!("test failed: ncclResult {rc}"))?
-            {
+            if let Some(sizes) = test().map_err(|rc| format!("test failed: ncclResult {rc}"))? {
                 return Ok(sizes);
             }
             if expired(deadline, &mut polls) {

@@ -13,6 +13,7 @@
 //! nodes: `--role server --rendezvous 0.0.0.0:18515` on one, `--role client --rendezvous
 //! SERVER:18515` on the other.
 
+use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -73,6 +74,13 @@ struct Options {
     /// run, which shows what the per-message clear-to-send costs on this device.
     #[arg(long)]
     recv_preposted: bool,
+    /// Time every call of the latency phase's timed rounds and report, as the mean of both
+    /// sides, how long the isend and the irecv that started a request and the test that found
+    /// a receive done took (µs): where a round's time goes, in the plugin and the device's
+    /// post, or between the calls. The clock reads lengthen the latency itself: compare plugins
+    /// with the flag on for both.
+    #[arg(long)]
+    call_times: bool,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -109,6 +117,63 @@ impl Ping {
 /// Rounds per batch of `--recv-preposted`: the receives of a batch are in flight together,
 /// within NCCL_NET_MAX_REQUESTS (32) per comm.
 const PREPOSTED_ROUNDS: usize = 30;
+
+/// The calls `--call-times` times.
+#[derive(Copy, Clone, Debug)]
+enum Call {
+    /// An isend that started a request.
+    Isend,
+    /// An irecv that started a request.
+    Irecv,
+    /// The test that found a receive done.
+    Found,
+}
+
+/// Per [`Call`], the total seconds and the number of calls timed; off unless `--call-times`.
+#[derive(Debug, Default)]
+struct CallClock {
+    on: bool,
+    sums: Cell<[(f64, u32); 3]>,
+}
+
+impl CallClock {
+    fn new(on: bool) -> Self {
+        Self {
+            on,
+            ..Self::default()
+        }
+    }
+
+    /// Run `f`; when on, add its time to `call` if `counts` says the call is one of that kind
+    /// (it started a request, it found the receive done).
+    fn time<T>(&self, call: Call, f: impl FnOnce() -> T, counts: impl FnOnce(&T) -> bool) -> T {
+        if !self.on {
+            return f();
+        }
+        let start = Instant::now();
+        let out = f();
+        let took = start.elapsed().as_secs_f64();
+        if counts(&out) {
+            let mut sums = self.sums.get();
+            let (total, n) = &mut sums[call as usize];
+            *total += took;
+            *n += 1;
+            self.sums.set(sums);
+        }
+        out
+    }
+
+    /// Mean µs per timed call of each kind, in [`Call`] order (0 for a kind never timed).
+    fn means_us(&self) -> [f64; 3] {
+        self.sums.get().map(|(total, n)| {
+            if n == 0 {
+                0.0
+            } else {
+                total * 1e6 / f64::from(n)
+            }
+        })
+    }
+}
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 enum Role {
@@ -226,6 +291,8 @@ struct Row {
     lat_us: f64,
     cpu_send: f64,
     cpu_recv: f64,
+    /// `--call-times`: mean µs of the timed isend, irecv and found test, both sides averaged.
+    call_us: Option<[f64; 3]>,
     verified: Option<bool>,
 }
 
@@ -411,22 +478,45 @@ impl Endpoint {
         size: usize,
         iters: usize,
         ping: Ping,
+        clock: &CallClock,
         ctl: &mut Control,
     ) -> Result<f64, String> {
         let d = deadline();
         let (net, sc, rc, smh, rmh) = (&self.net, self.sc, self.rc, self.smh, self.rmh);
         let (sp, rp) = (self.sbuf.as_mut_ptr(), self.rbuf.as_mut_ptr());
-        let post_recv =
-            || net.until_started("irecv", d, || net.irecv_step(rc, &[(rp, size, 1, rmh)]));
-        let send = || net.until_started("isend", d, || net.isend_step(sc, sp, size, 1, smh));
+        let started = |r: &Result<Ptr, i32>| matches!(r, Ok(p) if !p.is_null());
+        let post_recv = || {
+            net.until_started("irecv", d, || {
+                clock.time(
+                    Call::Irecv,
+                    || net.irecv_step(rc, &[(rp, size, 1, rmh)]),
+                    started,
+                )
+            })
+        };
+        let send = || {
+            net.until_started("isend", d, || {
+                clock.time(
+                    Call::Isend,
+                    || net.isend_step(sc, sp, size, 1, smh),
+                    started,
+                )
+            })
+        };
+        // Wait for a receive (a send's wait is not timed).
+        let received = |r: Ptr| {
+            let found = |t: &Result<Option<_>, i32>| matches!(t, Ok(Some(_)));
+            net.wait_with(d, || clock.time(Call::Found, || net.test_step(r), found))
+                .map(|_| ())
+        };
         // One round on receive `r`, or on a receive posted when awaited.
         let round = |r: Option<Ptr>| -> Result<(), String> {
             if rank0 {
                 let s = send()?;
-                net.wait(r.map_or_else(post_recv, Ok)?, d)?;
+                received(r.map_or_else(post_recv, Ok)?)?;
                 net.wait(s, d)?;
             } else {
-                net.wait(r.map_or_else(post_recv, Ok)?, d)?;
+                received(r.map_or_else(post_recv, Ok)?)?;
                 net.wait(send()?, d)?;
             }
             Ok(())
@@ -470,7 +560,7 @@ impl Endpoint {
                 }
                 for i in 0..iters {
                     let r = posted.pop_front().unwrap_or(std::ptr::null_mut());
-                    net.wait(r, d)?;
+                    received(r)?;
                     // Answer (rank 1) or ping again (rank 0) first; re-posting the receive comes
                     // after, off the critical path.
                     if !rank0 || i + 1 < iters {
@@ -533,12 +623,24 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
         let rounds = lat_iters(o, size);
         let ping_warmup = warmup(o, rounds);
         if ping_warmup > 0 {
-            ep.ping_pong(rank0, size, ping_warmup, o.ping(), &mut ctl)?;
+            let untimed = CallClock::new(false);
+            ep.ping_pong(rank0, size, ping_warmup, o.ping(), &untimed, &mut ctl)?;
         }
-        let lat_us = ep.ping_pong(rank0, size, rounds, o.ping(), &mut ctl)?;
+        let clock = CallClock::new(o.call_times);
+        let lat_us = ep.ping_pong(rank0, size, rounds, o.ping(), &clock, &mut ctl)?;
+        let mine = clock.means_us();
         if rank0 {
             let cpu_recv = ctl.recv_f64()?;
             let recv_ok = ctl.recv::<1>()?[0] == 1;
+            let call_us = if o.call_times {
+                let mut both = mine;
+                for mean in &mut both {
+                    *mean = (*mean + ctl.recv_f64()?) / 2.0;
+                }
+                Some(both)
+            } else {
+                None
+            };
             rows.push(Row {
                 size,
                 iters,
@@ -546,11 +648,15 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
                 lat_us,
                 cpu_send: cpu,
                 cpu_recv,
+                call_us,
                 verified: o.verify.then_some(verified && recv_ok),
             });
         } else {
             ctl.send_f64(cpu)?;
             ctl.send(&[u8::from(verified)])?;
+            if o.call_times {
+                mine.iter().try_for_each(|&mean| ctl.send_f64(mean))?;
+            }
         }
     }
     if rank0 && !o.json {
@@ -579,20 +685,48 @@ fn print_table(o: &Options, report: &Report) {
     );
     println!(
         "# {} in flight, buffers registered once, {} bytes per size (iterations below), verify {}, \
-         ping-pong receives {}, warm-up up to {} untimed",
+         ping-pong receives {}, warm-up up to {} untimed{}",
         o.inflight,
         o.bytes_per_size,
         if o.verify { "on" } else { "off" },
         o.ping().name(),
-        o.warmup
+        o.warmup,
+        if o.call_times {
+            "; the latency phase's calls timed (mean of both sides; the clock reads lengthen lat)"
+        } else {
+            ""
+        }
+    );
+    let calls = |cells: [&str; 3]| {
+        if o.call_times {
+            format!(" {:>9} {:>9} {:>9}", cells[0], cells[1], cells[2])
+        } else {
+            String::new()
+        }
+    };
+    println!(
+        "{:>10} {:>7} {:>12} {:>12} {:>12} {:>11} {:>11} {:>8}{}",
+        "size(B)",
+        "iters",
+        "bw(MB/s)",
+        "msgs/s",
+        "lat(us)",
+        "cpu-send",
+        "cpu-recv",
+        "verified",
+        calls(["isend", "irecv", "found"])
     );
     println!(
-        "{:>10} {:>7} {:>12} {:>12} {:>12} {:>11} {:>11} {:>8}",
-        "size(B)", "iters", "bw(MB/s)", "msgs/s", "lat(us)", "cpu-send", "cpu-recv", "verified"
-    );
-    println!(
-        "{:>10} {:>7} {:>12} {:>12} {:>12} {:>11} {:>11} {:>8}",
-        "", "", "", "", "", "(s/GB)", "(s/GB)", ""
+        "{:>10} {:>7} {:>12} {:>12} {:>12} {:>11} {:>11} {:>8}{}",
+        "",
+        "",
+        "",
+        "",
+        "",
+        "(s/GB)",
+        "(s/GB)",
+        "",
+        calls(["(us)", "(us)", "(us)"])
     );
     for r in &report.rows {
         let v = match r.verified {
@@ -600,8 +734,9 @@ fn print_table(o: &Options, report: &Report) {
             Some(false) => "NO",
             None => "-",
         };
+        let means = r.call_us.map(|m| m.map(|us| format!("{us:.2}")));
         println!(
-            "{:>10} {:>7} {:>12.2} {:>12.0} {:>12.2} {:>11.2} {:>11.2} {:>8}",
+            "{:>10} {:>7} {:>12.2} {:>12.0} {:>12.2} {:>11.2} {:>11.2} {:>8}{}",
             r.size,
             r.iters,
             r.mb_per_s(),
@@ -609,7 +744,10 @@ fn print_table(o: &Options, report: &Report) {
             r.lat_us,
             r.cpu_per_gb(r.cpu_send),
             r.cpu_per_gb(r.cpu_recv),
-            v
+            v,
+            means
+                .as_ref()
+                .map_or_else(String::new, |m| calls([&m[0], &m[1], &m[2]]))
         );
     }
 }
@@ -631,6 +769,11 @@ fn print_json(o: &Options, report: &Report) {
                 "cpu_send_us_per_msg": r.cpu_us_per_msg(r.cpu_send),
                 "cpu_recv_us_per_msg": r.cpu_us_per_msg(r.cpu_recv),
                 "verified": r.verified,
+                "call_us": r.call_us.map(|[isend, irecv, found]| json!({
+                    "isend": isend,
+                    "irecv": irecv,
+                    "found_test": found,
+                })),
             })
         })
         .collect();
@@ -642,6 +785,7 @@ fn print_json(o: &Options, report: &Report) {
         "inflight": o.inflight,
         "ping": o.ping().name(),
         "warmup": o.warmup,
+        "call_times": o.call_times,
         "results": results,
     });
     println!("{doc}");
