@@ -36,6 +36,25 @@ fn verified_sweep(args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&stdout).unwrap()
 }
 
+/// The rows of a sweep's JSON: `count` of them, each with its data verified and a positive
+/// latency; `what` names the run in a failure.
+fn verified_rows<'a>(
+    doc: &'a serde_json::Value,
+    count: usize,
+    what: &str,
+) -> &'a [serde_json::Value] {
+    let rows = doc["results"].as_array().unwrap();
+    assert_eq!(rows.len(), count, "{what}: {doc}");
+    for row in rows {
+        assert_eq!(row["verified"], true, "data not verified ({what}): {row}");
+        assert!(row["lat_us"].as_f64().unwrap() > 0.0, "{what}: {row}");
+    }
+    rows
+}
+
+/// The benchmark's ping-pongs: receives posted ahead (the default), late, preposted.
+const PING_MODES: [Option<&str>; 3] = [None, Some("--recv-late"), Some("--recv-preposted")];
+
 /// The benchmark's table for this plugin with `args`; fails the test when the run fails.
 fn table(args: &[&str]) -> String {
     let plugin = support::plugin_path();
@@ -96,12 +115,7 @@ fn late_receives_ping_pong_through_the_eager_path_without_waiting_on_the_sender(
         "300",
         "--recv-late",
     ]);
-    let rows = doc["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 12, "8 B to 16 KiB: {doc}");
-    for row in rows {
-        assert_eq!(row["verified"], true, "data not verified: {row}");
-        assert!(row["lat_us"].as_f64().unwrap() > 0.0, "{row}");
-    }
+    verified_rows(&doc, 12, "8 B to 16 KiB");
 }
 
 /// `--recv-preposted`: batches of 30 rounds whose receives are all posted first (30 receives in
@@ -121,12 +135,7 @@ fn preposted_receives_ping_pong_in_batches() {
         "--recv-preposted",
     ]);
     assert_eq!(doc["ping"], "preposted", "{doc}");
-    let rows = doc["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 14, "8 B to 64 KiB: {doc}");
-    for row in rows {
-        assert_eq!(row["verified"], true, "data not verified: {row}");
-        assert!(row["lat_us"].as_f64().unwrap() > 0.0, "{row}");
-    }
+    verified_rows(&doc, 14, "8 B to 64 KiB");
 }
 
 /// A full ring in flight on both sides (32 sends, 32 receives, each completed in order): the
@@ -148,10 +157,7 @@ fn a_full_ring_in_flight_through_the_eager_path_completes_verified() {
         "--lat-iters",
         "20",
     ]);
-    let rows = doc["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 10, "8 B to 4 KiB: {doc}");
-    for row in rows {
-        assert_eq!(row["verified"], true, "data not verified: {row}");
+    for row in verified_rows(&doc, 10, "8 B to 4 KiB") {
         assert_eq!(row["iters"], 3000, "{row}");
     }
 }
@@ -162,18 +168,13 @@ fn a_full_ring_in_flight_through_the_eager_path_completes_verified() {
 /// too, before every timed one.
 #[test]
 fn one_round_ping_pongs_without_warmup_complete_in_every_mode() {
-    for mode in [None, Some("--recv-late"), Some("--recv-preposted")] {
+    for mode in PING_MODES {
         let mut args = vec!["--min", "8", "--max", "64", "--iters", "8"];
         args.extend(["--lat-iters", "1", "--warmup", "0"]);
         args.extend(mode);
         let doc = verified_sweep(&args);
         assert_eq!(doc["warmup"], 0, "{doc}");
-        let rows = doc["results"].as_array().unwrap();
-        assert_eq!(rows.len(), 4, "8 B to 64 B ({mode:?}): {doc}");
-        for row in rows {
-            assert_eq!(row["verified"], true, "data not verified ({mode:?}): {row}");
-            assert!(row["lat_us"].as_f64().unwrap() > 0.0, "{row}");
-        }
+        verified_rows(&doc, 4, &format!("8 B to 64 B, {mode:?}"));
     }
 }
 
@@ -182,23 +183,13 @@ fn one_round_ping_pongs_without_warmup_complete_in_every_mode() {
 /// round trip it is part of, and the table grows their three columns.
 #[test]
 fn call_times_split_the_round_trip_per_call() {
-    for mode in [None, Some("--recv-late"), Some("--recv-preposted")] {
-        let mut args = vec![
-            "--min",
-            "8",
-            "--max",
-            "1K",
-            "--iters",
-            "16",
-            "--lat-iters",
-            "60",
-        ];
-        args.push("--call-times");
+    for mode in PING_MODES {
+        let mut args = vec!["--min", "8", "--max", "1K", "--iters", "16"];
+        args.extend(["--lat-iters", "60", "--call-times"]);
         args.extend(mode);
         let doc = verified_sweep(&args);
         assert_eq!(doc["call_times"], true, "{doc}");
-        for row in doc["results"].as_array().unwrap() {
-            assert_eq!(row["verified"], true, "{row}");
+        for row in verified_rows(&doc, 8, &format!("8 B to 1 KiB, {mode:?}")) {
             let round_trip = 2.0 * row["lat_us"].as_f64().unwrap();
             for call in ["isend", "irecv", "found_test"] {
                 let us = row["call_us"][call].as_f64().unwrap_or(-1.0);

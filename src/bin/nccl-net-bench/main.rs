@@ -623,7 +623,7 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
         let rounds = lat_iters(o, size);
         let ping_warmup = warmup(o, rounds);
         if ping_warmup > 0 {
-            let untimed = CallClock::new(false);
+            let untimed = CallClock::default();
             ep.ping_pong(rank0, size, ping_warmup, o.ping(), &untimed, &mut ctl)?;
         }
         let clock = CallClock::new(o.call_times);
