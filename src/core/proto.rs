@@ -8,7 +8,9 @@
 //! clamped to the posted size, ending with one write-with-immediate per QP used. The receiver
 //! counts those completions ([`RecvSide::handle_completion`]); for a single buffer the immediates
 //! add up to the received size, for a grouped receive the sender also writes the sizes into the
-//! receiver's sizes ring ([`Post::Sizes`]).
+//! receiver's sizes ring ([`Post::Sizes`]). NCCL's usual send, into a single receive whose CTS
+//! is already there and that one write carries, takes both sender steps at once
+//! ([`SendSide::isend_single`]), with the same outcome.
 //!
 //! Message `seq` lives in slot `seq % SLOTS` on both sides and uses the QPs
 //! [`Layout::qps_for`]`(seq, capacity)`, where both sides know the capacity from the CTS; completions on one QP arrive in posting order, so each side keeps,
@@ -780,6 +782,17 @@ pub struct Accepted {
     pub posts: Vec<Post>,
 }
 
+/// What [`SendSide::isend_single`] accepted: a send that one write carries.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct SingleSend {
+    /// The request index to hand NCCL.
+    pub req: usize,
+    /// `(requested, delivered)` when the send was larger than the posted receive.
+    pub truncated: Option<(u64, u64)>,
+    /// The write-with-immediate that carries the message ([`Post::WriteImm`]).
+    pub post: Post,
+}
+
 /// Requests a send side can have in flight: every entry of every slot, plus the eager sends a
 /// renumbering holds back (one per slot).
 pub const SEND_REQUESTS: usize = SLOTS * (MAX_RECVS + 1);
@@ -993,6 +1006,12 @@ impl SendSide {
         if let Some(&seq) = self.awaiting.front() {
             return self.answer(seq, entries);
         }
+        self.take_cts(entries)?;
+        Ok(self.match_held())
+    }
+
+    /// The next message goes by rendezvous into the receive whose CTS is `entries`.
+    fn take_cts(&mut self, entries: &[Cts]) -> Result<&mut Rendezvous> {
         let seq = self.next_seq;
         let refusing = refused(entries);
         check_cts(seq, entries)?;
@@ -1005,8 +1024,71 @@ impl SendSide {
         }
         // Only a receive that would take a copy predicts the next message's.
         self.expected_tag = (entries.len() == 1 && !refusing).then(|| entries[0].tag);
-        self.start_rendezvous(seq, entries);
-        Ok(self.match_held())
+        Ok(self.start_rendezvous(seq, entries))
+    }
+
+    /// Where the CTS [`Self::isend_single`] takes lies: `Some((seq, slot))` when no eager
+    /// message awaits its answer, no send is held and the next message's slot is free, so
+    /// that reading the ring would hand [`Self::handle_cts`] that message's CTS and nothing
+    /// before it.
+    pub fn single_cts(&self) -> Option<(u64, usize)> {
+        if !self.awaiting.is_empty() || !self.held.is_empty() {
+            return None;
+        }
+        self.wants_cts()
+    }
+
+    /// NCCL's usual send in one step: what [`Self::handle_cts`] with the single entry `cts`
+    /// (read for [`Self::single_cts`]) and then [`Self::isend`] of `buf` do, when `buf`
+    /// matches that entry and the message goes as one write on one QP. `Ok(None)`, with
+    /// nothing changed, for anything else: the caller then takes the general way.
+    ///
+    /// # Errors
+    /// `Misuse` when `buf` is larger than [`MAX_MESSAGE_BYTES`].
+    pub fn isend_single(&mut self, cts: &Cts, buf: SendBuf) -> Result<Option<SingleSend>> {
+        check_message_size(buf.size, "a send")?;
+        let seq = self.next_seq;
+        let slot = slot_of(seq);
+        let single = cts.seq_plus_one == seq + 1
+            && cts.nreqs & !eager::REFUSED == 1
+            && cts.tag == buf.tag
+            && self.single_cts().is_some()
+            && !self.free_requests.is_empty();
+        let Some(qp) = single
+            .then(|| self.one_write(seq, cts.size, buf.size))
+            .flatten()
+        else {
+            return Ok(None);
+        };
+        let layout = self.layout;
+        self.take_cts(std::slice::from_ref(cts))?;
+        let req = self.take_request(seq).unwrap_or_default();
+        let rendezvous = &mut self.rendezvous[slot];
+        let truncated = rendezvous.take_entry(0, buf, req);
+        let write = RdmaWrite::chunk(&layout, qp, cts, &rendezvous.sends[0].0, 0, 1);
+        rendezvous.pending = 1;
+        rendezvous.posted = true;
+        self.next_seq += 1;
+        Ok(Some(SingleSend {
+            req,
+            truncated,
+            post: Post::WriteImm {
+                write,
+                imm: u32::try_from(write.len).unwrap_or(u32::MAX),
+                slot,
+            },
+        }))
+    }
+
+    /// The QP, when message `seq` of a `size`-byte send into a single receive of `capacity`
+    /// bytes goes as one write-with-immediate on one QP (NCCL's usual message): its size
+    /// travels in the immediate and one write carries the payload.
+    fn one_write(&self, seq: u64, capacity: u64, size: u64) -> Option<usize> {
+        let qps = self.layout.qps_for(seq, capacity);
+        let single = qps.len() == 1
+            && !self.layout.uses_sizes_ring(1, capacity)
+            && size.min(capacity) <= MAX_WRITE_BYTES;
+        single.then_some(qps.start)
     }
 
     /// The receiver's answer to eager message `seq`: an acknowledgement (it copied the message),

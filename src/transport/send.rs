@@ -23,7 +23,7 @@ use crate::core::eager;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::group::Group;
 use crate::core::proto::{
-    CtsLayout, Layout, Post, RdmaWrite, SendBuf, SendSide, check_message_size,
+    CtsLayout, Layout, Post, RdmaWrite, SendBuf, SendSide, SingleSend, check_message_size,
 };
 use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS, Role};
 use crate::verbs::{Access, Completion, HostRegion, Op, Sge, WorkRequest};
@@ -297,17 +297,26 @@ impl SendComm {
     ) -> Result<Option<usize>> {
         check_message_size(size, "a send")?;
         mr.check(addr, size)?;
-        let mut st = self.state.lock();
-        st.failed.check()?;
-        self.read_answers(&mut st)?;
-        let Some(accepted) = st.proto.isend(SendBuf {
+        let buf = SendBuf {
             addr,
             size,
             lkeys: mr.lkeys(),
             tag,
             host: mr.is_host(),
-        })?
-        else {
+        };
+        let mut st = self.state.lock();
+        st.failed.check()?;
+        if let Some(single) = self.isend_single(&mut st, buf)? {
+            self.trace_truncated(single.truncated);
+            // SAFETY: the payload is NCCL's, unchanged until test() reports done (this
+            // function's contract).
+            let posted = unsafe { self.post(std::slice::from_ref(&single.post), false) };
+            return posted
+                .map(|()| Some(single.req))
+                .map_err(|e| st.failed.record(e));
+        }
+        self.read_answers(&mut st)?;
+        let Some(accepted) = st.proto.isend(buf)? else {
             // NCCL calls again until it gets a request: that loop must end when the receiver
             // is gone. (A send that starts learns of it in `test`.)
             if let Err(e) = self.check_alive() {
@@ -315,20 +324,39 @@ impl SendComm {
             }
             return Ok(None);
         };
-        if let Some((asked, sent)) = accepted.truncated {
-            tracing::trace!(
-                "isend of {asked} bytes truncated to the posted receive size {sent} ({})",
-                self.remote
-            );
-        }
-        // SAFETY: the payload is NCCL's, unchanged until test() reports done (this function's
-        // contract).
+        self.trace_truncated(accepted.truncated);
+        // SAFETY: as above.
         let posted = unsafe { self.post(&accepted.posts, false) };
         st.proto.recycle(accepted.posts);
         if let Err(e) = posted {
             return Err(st.failed.record(e));
         }
         Ok(Some(accepted.req))
+    }
+
+    /// NCCL's usual send, without the general way's bookkeeping: the next message's CTS is in
+    /// the ring, for a single receive with `buf`'s tag, and nothing else waits on the ring
+    /// (see [`SendSide::isend_single`]). `Ok(None)`, with nothing taken, otherwise.
+    fn isend_single(&self, st: &mut SendState, buf: SendBuf) -> Result<Option<SingleSend>> {
+        let Some((seq, slot)) = st.proto.single_cts() else {
+            return Ok(None);
+        };
+        let at = self.cts_layout.offset(slot, 0);
+        // The sequence number is checked (acquire) before the entry it guards is read.
+        if self.cts_ring.read_u64_acquire(at + Cts::SEQ_OFFSET) != seq + 1 {
+            return Ok(None);
+        }
+        st.proto
+            .isend_single(&Cts::parse(&self.cts_ring.read(at)), buf)
+    }
+
+    fn trace_truncated(&self, truncated: Option<(u64, u64)>) {
+        if let Some((asked, sent)) = truncated {
+            tracing::trace!(
+                "isend of {asked} bytes truncated to the posted receive size {sent} ({})",
+                self.remote
+            );
+        }
     }
 
     /// Take what the receiver wrote into the CTS ring, in order: answers to eager messages,
