@@ -22,8 +22,13 @@ pub enum Kind {
 }
 
 /// An error with its kind, a message saying what failed, and the OS error behind it if any.
+/// Boxed: a `Result<()>` is then one word, returned in a register, on every data-path call that
+/// succeeds (an unboxed error made every `Result` a 40-byte value written through memory).
 #[derive(Debug)]
-pub struct Error {
+pub struct Error(Box<Inner>);
+
+#[derive(Debug)]
+struct Inner {
     kind: Kind,
     what: String,
     source: Option<io::Error>,
@@ -31,21 +36,23 @@ pub struct Error {
 
 impl Error {
     /// An error of `kind` described by `what` (lowercase, no trailing period).
+    #[cold]
     pub fn new(kind: Kind, what: impl Into<String>) -> Self {
-        Self {
+        Self(Box::new(Inner {
             kind,
             what: what.into(),
             source: None,
-        }
+        }))
     }
 
     /// A failed system call; keeps the errno.
+    #[cold]
     pub fn system(what: impl Into<String>, source: io::Error) -> Self {
-        Self {
+        Self(Box::new(Inner {
             kind: Kind::System,
             what: what.into(),
             source: Some(source),
-        }
+        }))
     }
 
     /// NCCL broke the calling contract.
@@ -60,27 +67,27 @@ impl Error {
 
     /// The classification used to pick the `ncclResult_t`.
     pub fn kind(&self) -> Kind {
-        self.kind
+        self.0.kind
     }
 
     /// The OS error behind this error, if there is one.
     pub fn os_error(&self) -> Option<&io::Error> {
-        self.source.as_ref()
+        self.0.source.as_ref()
     }
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.source {
-            Some(source) => write!(f, "{}: {source}", self.what),
-            None => f.write_str(&self.what),
+        match &self.0.source {
+            Some(source) => write!(f, "{}: {source}", self.0.what),
+            None => f.write_str(&self.0.what),
         }
     }
 }
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_ref().map(|e| e as _)
+        self.0.source.as_ref().map(|e| e as _)
     }
 }
 

@@ -405,6 +405,13 @@ impl RecvSide {
         self.layout.eager_bytes > 0 && self.stopped_at.is_none()
     }
 
+    /// The next receive's message and its bounce slot while eager messages are still copied:
+    /// an eager message for it that landed carries that sequence number in the slot's header.
+    pub fn next_eager(&self) -> Option<(u64, usize)> {
+        self.eager_active()
+            .then(|| (self.next_seq, slot_of(self.next_seq)))
+    }
+
     /// Whether eager message `seq` may be copied into its receive.
     fn copies(&self, seq: u64) -> bool {
         self.layout.eager_bytes > 0 && self.stopped_at.is_none_or(|at| seq < at)

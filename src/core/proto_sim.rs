@@ -780,6 +780,13 @@ fn an_eager_message_sent_before_its_receive_is_copied_at_irecv_and_acknowledged(
         assert!(is_eager(&a), "{size}: {:?}", a.posts);
         p.deliver_all();
         assert_eq!(p.sent(a.req), None, "done only once acknowledged");
+        // The glue's irecv polls for an arrival only when the header of the next message is in
+        // the bounce slot `next_eager` names: where this one landed.
+        let [Post::Eager { slot, seq, .. }] = a.posts[..] else {
+            panic!("{:?}", a.posts)
+        };
+        assert_eq!(p.recv.next_eager(), Some((seq, slot)));
+        assert_eq!(p.bounce[slot].0.seq, seq);
         let slot = p.irecv(&[rbuf(8192, 2 * EAGER, 1)]).unwrap();
         assert_eq!(p.received(slot), Some(vec![size]), "complete at irecv");
         assert_delivered(&p, 8192, 100, size);
@@ -996,6 +1003,7 @@ fn a_grouped_receive_renumbers_the_eager_sends_and_stops_the_eager_path() {
         !p.recv.eager_active(),
         "the receiver stops at the grouped CTS"
     );
+    assert_eq!(p.recv.next_eager(), None, "irecv polls for no arrival");
     p.read_answers().unwrap();
     assert!(!p.send.eager_active());
     p.deliver_all();

@@ -344,6 +344,7 @@ pub(super) fn describe_remote(remote: &Hello, peer: SocketAddr) -> String {
 
 /// `Err` when a comm cannot make progress any more: a member device reported a fatal error, or
 /// the peer closed `peer_comm` or its process is gone.
+#[inline]
 pub(super) fn check_alive(
     ctx: &DeviceContext,
     link: Option<&Watched>,

@@ -59,6 +59,7 @@ impl DeviceContext {
     ///
     /// # Errors
     /// `System`, naming the device.
+    #[inline]
     pub fn check_health(&self) -> Result<()> {
         self.ports.iter().try_for_each(|p| p.health.check())
     }

@@ -304,9 +304,14 @@ impl RecvComm {
         held::flush_all_but(&self.answers);
         let mut st = self.state.lock();
         st.failed.check()?;
-        if st.proto.eager_active() {
-            // An eager message that already arrived is delivered now, without a CTS.
-            self.progress(&mut st)?;
+        if let Some((seq, bounce)) = st.proto.next_eager() {
+            // An eager message that already arrived is delivered now, without a CTS. Its
+            // completion comes after its header, so without the header there is nothing to poll
+            // for (one that lands later is answered by this CTS, as if it landed after a poll).
+            let at = self.bounce_slot_at(st.proto.layout(), bounce);
+            if self.sizes_ring.peek_u64(at) == seq {
+                self.progress(&mut st)?;
+            }
         }
         let Some((_, cts)) = st.proto.irecv(bufs)? else {
             // NCCL calls again until it gets a request: that loop must end when the sender is
@@ -388,20 +393,22 @@ impl RecvComm {
         }
     }
 
+    /// Where bounce slot `slot` (its header, then its payload) lies in the sizes ring's region.
+    fn bounce_slot_at(&self, layout: Layout, slot: usize) -> usize {
+        SIZES_RING_BYTES + eager::slot_offset(slot, layout.eager_bytes) as usize
+    }
+
     /// Copy an eager message out of its bounce slot into the receive buffer.
     ///
     /// # Safety
     /// `copy.addr` must be the buffer of a receive in flight, at least `copy.len` long.
     unsafe fn copy_eager(&self, layout: Layout, copy: EagerCopy) {
-        let at = SIZES_RING_BYTES as u64
-            + eager::slot_offset(copy.bounce_slot, layout.eager_bytes)
-            + eager::HEADER_BYTES as u64;
+        let at = self.bounce_slot_at(layout, copy.bounce_slot) + eager::HEADER_BYTES;
         let len = usize::try_from(copy.len).unwrap_or(0);
         // SAFETY: the payload's write-with-immediate completed and the sender writes this bounce
         // slot again only after this message was answered; the destination is the caller's.
         unsafe {
-            self.sizes_ring
-                .copy_to(at as usize, copy.addr as *mut u8, len);
+            self.sizes_ring.copy_to(at, copy.addr as *mut u8, len);
         }
     }
 
@@ -523,8 +530,7 @@ impl RecvComm {
     /// and copy it when its receive was posted first, else post the receive its
     /// write-with-immediate used again.
     fn eager_arrived(&self, st: &mut RecvState, qp: usize, a: Announced) -> Result<()> {
-        let at = SIZES_RING_BYTES
-            + eager::slot_offset(a.slot(SLOTS), st.proto.layout().eager_bytes) as usize;
+        let at = self.bounce_slot_at(st.proto.layout(), a.slot(SLOTS));
         // The write-with-immediate completed, so the header is in place; the sender writes this
         // slot again only after the message was answered.
         let seq = u64::from_le_bytes(self.sizes_ring.read(at));

@@ -83,7 +83,18 @@ impl PeerLink {
     /// for an orderly close. An orderly close fails pending requests only [`CLOSE_GRACE`] after
     /// the goodbye: completions the peer's last transfers owe us (an acknowledgement on the
     /// wire) may still be on their way.
+    #[inline]
     pub(super) fn check(&self, what: &str) -> Result<()> {
+        if self.state.load(Ordering::Acquire) == ALIVE {
+            return Ok(());
+        }
+        self.check_gone(what)
+    }
+
+    /// [`Self::check`] once the peer is no longer alive: out of line, as every poll that finds
+    /// nothing asks.
+    #[cold]
+    fn check_gone(&self, what: &str) -> Result<()> {
         match self.state() {
             PeerState::Alive => Ok(()),
             PeerState::Closed
@@ -231,18 +242,24 @@ impl DeviceHealth {
     ///
     /// # Errors
     /// `System`, naming the device.
+    #[inline]
     pub fn check(&self) -> Result<()> {
         if !self.fatal.load(Ordering::Acquire) {
             return Ok(());
         }
-        Err(Error::new(
+        Err(self.fatal_error())
+    }
+
+    #[cold]
+    fn fatal_error(&self) -> Error {
+        Error::new(
             Kind::System,
             format!(
                 "device {} reported a fatal error (IBV_EVENT_DEVICE_FATAL): the NIC or its driver \
                  failed and nothing on it works until it is reset; check dmesg on this node",
                 self.device.name()
             ),
-        ))
+        )
     }
 
     /// Stop watching (the device is being closed).

@@ -378,6 +378,15 @@ impl HostRegion {
         u64::from_le(v)
     }
 
+    /// The little-endian u64 at `offset` (any alignment) as it is now, while the NIC may be
+    /// writing it: a hint, never a value to act on without a completion that covers it.
+    pub fn peek_u64(&self, offset: usize) -> u64 {
+        let at = self.at(offset, 8).cast::<[u8; 8]>();
+        // SAFETY: in bounds (checked by `at`), alignment 1; volatile: the NIC writes it
+        // concurrently (a torn value is only ever compared, and a mismatch is harmless).
+        u64::from_le_bytes(unsafe { at.read_volatile() })
+    }
+
     /// Copy `len` bytes at `offset` to `dst`.
     ///
     /// # Safety
