@@ -341,13 +341,22 @@ impl SendComm {
         let Some((seq, slot)) = st.proto.single_cts() else {
             return Ok(None);
         };
-        let at = self.cts_layout.offset(slot, 0);
-        // The sequence number is checked (acquire) before the entry it guards is read.
-        if self.cts_ring.read_u64_acquire(at + Cts::SEQ_OFFSET) != seq + 1 {
+        if self.entry_seq(slot, 0) != seq + 1 {
             return Ok(None);
         }
-        st.proto
-            .isend_single(&Cts::parse(&self.cts_ring.read(at)), buf)
+        st.proto.isend_single(&self.entry(slot, 0), buf)
+    }
+
+    /// The sequence number (plus one) that entry `i` of ring slot `slot` carries: read
+    /// (acquire) before the entry it guards.
+    fn entry_seq(&self, slot: usize, i: usize) -> u64 {
+        self.cts_ring
+            .read_u64_acquire(self.cts_layout.offset(slot, i) + Cts::SEQ_OFFSET)
+    }
+
+    /// Entry `i` of ring slot `slot`, once [`Self::entry_seq`] showed it written.
+    fn entry(&self, slot: usize, i: usize) -> Cts {
+        Cts::parse(&self.cts_ring.read(self.cts_layout.offset(slot, i)))
     }
 
     fn trace_truncated(&self, truncated: Option<(u64, u64)>) {
@@ -440,18 +449,11 @@ impl SendComm {
         take: impl FnOnce(&[Cts]) -> Result<R>,
     ) -> Result<Option<R>> {
         let want = seq + 1;
-        // The sequence number is checked (acquire) before the entry it guards is read.
-        let entry = |i: usize| {
-            let at = self.cts_layout.offset(slot, i);
-            (self.cts_ring.read_u64_acquire(at + Cts::SEQ_OFFSET) == want)
-                .then(|| Cts::parse(&self.cts_ring.read(at)))
-        };
-        let base = self.cts_layout.offset(slot, 0);
-        let first_seq = self.cts_ring.read_u64_acquire(base + Cts::SEQ_OFFSET);
+        let first_seq = self.entry_seq(slot, 0);
         if first_seq < want {
             return Ok(None);
         }
-        let first = Cts::parse(&self.cts_ring.read(base));
+        let first = self.entry(slot, 0);
         if first_seq > want {
             return take(&[first]).map(Some);
         }
@@ -468,10 +470,10 @@ impl SendComm {
         }
         let mut entries = Group::one(first);
         for i in 1..n {
-            let Some(cts) = entry(i) else {
+            if self.entry_seq(slot, i) != want {
                 return Ok(None);
-            };
-            entries.push(cts);
+            }
+            entries.push(self.entry(slot, i));
         }
         take(&entries).map(Some)
     }
@@ -483,17 +485,13 @@ impl SendComm {
     /// # Safety
     /// The payloads `posts` read stay unchanged until their completions (isend's contract).
     unsafe fn post(&self, posts: &[Post], hold: bool) -> Result<()> {
-        let mut rest = posts;
-        while let Some(first) = rest.first() {
-            let qp = first.qp();
-            let run = rest.iter().take_while(|p| p.qp() == qp).count();
-            let (now, later) = rest.split_at(run);
+        for run in posts.chunk_by(|a, b| a.qp() == b.qp()) {
             // SAFETY: forwarded from this function's contract; the sizes and header staging
             // slots are rewritten only after this slot's completion.
             unsafe {
-                self.posts[qp].submit(hold, |b| now.iter().try_for_each(|p| self.add(b, p)))
+                self.posts[run[0].qp()]
+                    .submit(hold, |b| run.iter().try_for_each(|p| self.add(b, p)))
             }?;
-            rest = later;
         }
         Ok(())
     }
