@@ -85,7 +85,7 @@ impl PeerLink {
     /// wire) may still be on their way.
     #[inline]
     pub(super) fn check(&self, what: &str) -> Result<()> {
-        if self.state.load(Ordering::Acquire) == ALIVE {
+        if self.state() == PeerState::Alive {
             return Ok(());
         }
         self.check_gone(what)
