@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Side by side on one RDMA device, in one run: perftest's ib_write_bw and ib_write_lat, then
 # nccl-net-bench through an ncclNet plugin and, with --against, through another plugin too,
-# alternating the two several times; prints medians and ratios per size. Run it where the
-# device is (inside the Soft-RoCE VM: scripts/rdma-vm.sh scripts/bench-vs-perftest.sh ...).
+# alternating the two several times; prints medians and ratios per size and, with --against, the
+# spread of the paired ratios (run i of one over run i of the other). Run it where the device is
+# (inside the Soft-RoCE VM: scripts/rdma-vm.sh scripts/bench-vs-perftest.sh ...).
 #
 # usage: scripts/bench-vs-perftest.sh [--plugin PATH.so] [--against PATH.so [--preload LIB]]
 #          [--runs N] [--dev NAME] [--bytes BYTES] [--max BYTES] [--inflight N] [--bench PATH]
@@ -166,9 +167,13 @@ for size, (pbw, plat) in sorted(perf.items()):
            "bw_vs_ib_write_bw": ratio(o["bw_mb_per_s"], pbw), "lat_vs_ib_write_lat": ratio(o["lat_us"], plat)}
     if other:
         a = other["medians"][size]
+        # Run i of one plugin over run i of the other (adjacent in time): their spread shows
+        # whether the ratio of the medians is resolved on this host or within its noise.
+        paired = lambda f: [ratio(x, y) for x, y in zip(o["runs"][f], a["runs"][f])]
         row.update({"against": a, "bw_vs_against": ratio(o["bw_mb_per_s"], a["bw_mb_per_s"]),
                     "lat_vs_against": ratio(o["lat_us"], a["lat_us"]),
-                    "msgs_vs_against": ratio(o["msgs_per_s"], a["msgs_per_s"])})
+                    "msgs_vs_against": ratio(o["msgs_per_s"], a["msgs_per_s"]),
+                    "paired_vs_against": {"lat": paired("lat_us"), "msgs": paired("msgs_per_s")}})
     rows.append(row)
 doc = {"device": ours["device"], "runs": runs, "ping": ping, "plugin_env": plugin_env,
        "plugin": {k: ours[k] for k in ("name", "plugin", "abi", "inflight")},
@@ -205,4 +210,13 @@ for r in rows:
     if other:
         line += f" {f(r['against']['cpu_send_us_per_msg'], '.1f'):>6} {f(r['against']['cpu_recv_us_per_msg'], '.1f'):>6}"
     print(line)
+if other and runs > 1:
+    print("# paired runs (run i of ours over run i of theirs): median [lowest-highest] of the ratios")
+    print(f"{'size(B)':>9} {'lat/vs':>18} {'msg/s /vs':>18}")
+    def spread(vs):
+        vs = [v for v in vs if v is not None]
+        return f"{median(vs):.2f} [{min(vs):.2f}-{max(vs):.2f}]" if vs else "-"
+    for r in rows:
+        p = r["paired_vs_against"]
+        print(f"{r['size']:>9} {spread(p['lat']):>18} {spread(p['msgs']):>18}")
 PY

@@ -245,8 +245,9 @@ fn table_output_has_a_header_and_a_row_per_size() {
 }
 
 /// `scripts/bench-vs-perftest.sh --against`: perftest and two plugins in one run, alternating,
-/// medians and ratios per size in its JSON (here with `--recv-late` and `--plugin-env`). The other plugin here is this one again (the
-/// mechanics, not a verdict; the README's table uses the reference plugin).
+/// medians, ratios and each run's paired ratios per size in its JSON (here with `--recv-late`
+/// and `--plugin-env`). The other plugin here is this one again (the mechanics, not a verdict;
+/// the README's table uses the reference plugin).
 #[test]
 fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
     let plugin = support::plugin_path();
@@ -300,6 +301,31 @@ fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
         }
         for ratio in ["bw_vs_against", "lat_vs_against", "msgs_vs_against"] {
             assert!(row[ratio].as_f64().unwrap() > 0.0, "{ratio} in {row}");
+        }
+        // Run i of one plugin over run i of the other, one ratio per run, in run order.
+        for (paired, field) in [("lat", "lat_us"), ("msgs", "msgs_per_s")] {
+            let ratios: Vec<f64> = row["paired_vs_against"][paired]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r.as_f64().unwrap())
+                .collect();
+            let runs = |side: &str| row[side]["runs"][field].as_array().unwrap().clone();
+            let expected: Vec<f64> = runs("plugin")
+                .iter()
+                .zip(runs("against"))
+                .map(|(o, a)| o.as_f64().unwrap() / a.as_f64().unwrap())
+                .collect();
+            // (serde_json's float parsing may differ from Python's in the last bit.)
+            let same = ratios.len() == expected.len()
+                && ratios
+                    .iter()
+                    .zip(&expected)
+                    .all(|(r, e)| (r - e).abs() <= 1e-9 * e.abs());
+            assert!(
+                same,
+                "paired {paired}: {ratios:?}, expected {expected:?} in {row}"
+            );
         }
         // perftest on a loaded host sometimes fails a run or prints "inf": the script reports
         // that figure (and its ratio) as null, never as invalid JSON or a made-up number.
