@@ -133,6 +133,7 @@ proptest! {
             split_data: split,
             eager_bytes: seed,
             revision: DATA_PATH_REVISION,
+            quiet: split,
         };
         prop_assert_eq!(Hello::parse(&h.emit()).unwrap(), h);
     }

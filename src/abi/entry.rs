@@ -530,7 +530,8 @@ pub(super) unsafe extern "C" fn net_test(
 pub(super) unsafe extern "C" fn net_close_send(send_comm: *mut c_void) -> ncclResult_t {
     entry("closeSend", || {
         // SAFETY: NCCL passes back the pointer connect() returned, once.
-        drop(unsafe { handles::take_send_comm(send_comm) }?);
+        let handle = unsafe { handles::take_send_comm(send_comm) }?;
+        handle.value.comm.into_inner().close();
         Ok(())
     })
 }
@@ -538,7 +539,8 @@ pub(super) unsafe extern "C" fn net_close_send(send_comm: *mut c_void) -> ncclRe
 pub(super) unsafe extern "C" fn net_close_recv(recv_comm: *mut c_void) -> ncclResult_t {
     entry("closeRecv", || {
         // SAFETY: NCCL passes back the pointer accept() returned, once.
-        drop(unsafe { handles::take_recv_comm(recv_comm) }?);
+        let handle = unsafe { handles::take_recv_comm(recv_comm) }?;
+        drop(handle.value.comm.into_inner());
         Ok(())
     })
 }

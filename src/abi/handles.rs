@@ -16,7 +16,8 @@ use crate::core::error::{Error, Result};
 use crate::core::wire::ListenHandle;
 use crate::plugin::CommContext;
 use crate::transport::{
-    Connecting, ListenComm, MrHandle, RECV_REQUESTS, RecvComm, SEND_REQUESTS, SendComm, random_u64,
+    Connecting, ListenComm, MrHandle, RECV_REQUESTS, RecvComm, SEND_REQUESTS, SendComm, Tended,
+    random_u64,
 };
 
 const LISTEN_TAG: u32 = 0x4c53_4e52; // "RNSL"
@@ -41,9 +42,9 @@ pub(super) struct CommHandle<C> {
 }
 
 /// What `connect` returns to NCCL.
-pub(super) type SendHandle = CommHandle<SendComm>;
+pub(super) type SendHandle = CommHandle<Tended<SendComm>>;
 /// What `accept` returns to NCCL.
-pub(super) type RecvHandle = CommHandle<RecvComm>;
+pub(super) type RecvHandle = CommHandle<Tended<RecvComm>>;
 
 /// What NCCL gets as a request pointer.
 #[repr(C)]
@@ -95,11 +96,11 @@ fn comm_into_raw<C>(tag: u32, comm: C, requests: usize) -> *mut c_void {
     Box::into_raw(b).cast()
 }
 
-pub(super) fn send_into_raw(comm: SendComm) -> *mut c_void {
+pub(super) fn send_into_raw(comm: Tended<SendComm>) -> *mut c_void {
     comm_into_raw(SEND_TAG, comm, SEND_REQUESTS)
 }
 
-pub(super) fn recv_into_raw(comm: RecvComm) -> *mut c_void {
+pub(super) fn recv_into_raw(comm: Tended<RecvComm>) -> *mut c_void {
     comm_into_raw(RECV_TAG, comm, RECV_REQUESTS)
 }
 

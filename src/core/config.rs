@@ -135,6 +135,16 @@ pub const KNOBS: &[Knob] = &[
         meaning: "largest host-memory message sent without waiting for the clear-to-send (0 = never; at most 65536)",
     },
     Knob {
+        name: "NCCL_NET_RS_QUIET",
+        default: "0",
+        meaning: "1 = offer quiet receives: while eager messages flow, a host-memory receive writes no clear-to-send (used when both sides offer it); 0 = every receive writes one (measured faster on rxe except for the latency of 8-32 B messages)",
+    },
+    Knob {
+        name: "NCCL_NET_RS_QUIET_WAIT_US",
+        default: "200",
+        meaning: "how long (microseconds) a quiet receive waits for an eager message before it writes its clear-to-send anyway",
+    },
+    Knob {
         name: "NCCL_NET_RS_BATCH",
         default: "0",
         meaning: "1 = hold the clear-to-sends of back-to-back irecvs on a comm and write them as one write at the next other call (at most 10 ms later); 0 = write each inside its irecv, as NCCL's IB transport does",
@@ -225,6 +235,11 @@ pub struct Config {
     pub return_async_events: bool,
     /// Largest message of the eager path (`NCCL_NET_RS_EAGER_BYTES`); 0 = off.
     pub eager_bytes: u64,
+    /// Offer quiet receives (`NCCL_NET_RS_QUIET`, see `core::proto`); off by default: on rxe
+    /// only the latency of the smallest messages gains, see README "Performance".
+    pub quiet: bool,
+    /// How long a quiet receive waits for an eager message before it writes its CTS.
+    pub quiet_wait: Duration,
     /// Hold the answers of back-to-back receives for one write (`NCCL_NET_RS_BATCH`); off by
     /// default: measured slower on rxe, see README "Performance".
     pub batch: bool,
@@ -254,6 +269,8 @@ impl Default for Config {
             dmabuf_enabled: true,
             return_async_events: true,
             eager_bytes: DEFAULT_EAGER_BYTES,
+            quiet: false,
+            quiet_wait: Duration::from_micros(200),
             batch: false,
         }
     }
@@ -403,6 +420,11 @@ impl Config {
                 "NCCL_SOCKET_IFNAME" => c.socket_ifname = Some(value.to_owned()),
                 "NCCL_NET_RS_EAGER_BYTES" => {
                     c.eager_bytes = narrow(number(name, value, 0, MAX_EAGER_BYTES as i64)?);
+                }
+                "NCCL_NET_RS_QUIET" => c.quiet = number(name, value, 0, 1)? == 1,
+                "NCCL_NET_RS_QUIET_WAIT_US" => {
+                    c.quiet_wait =
+                        Duration::from_micros(narrow(number(name, value, 1, 1_000_000)?));
                 }
                 "NCCL_NET_RS_BATCH" => c.batch = number(name, value, 0, 1)? == 1,
                 "NCCL_NET_RS_CONNECT_TIMEOUT" => {

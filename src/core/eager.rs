@@ -116,6 +116,10 @@ pub fn header(seq: u64, tag: i32) -> [u8; HEADER_BYTES] {
     out
 }
 
+/// On a connection with quiet receives, the receiver writes its credit (every message before it
+/// completed) once at least this many more messages completed since the last one it wrote.
+pub const CREDIT_EVERY: u64 = (SLOTS / 4) as u64;
+
 /// Flag in a CTS entry's `nreqs`: this receive takes no eager copy; a message sent eagerly is
 /// written again by rendezvous into these buffers (a message that was not is sent as usual).
 pub const REFUSED: u32 = 1 << 31;

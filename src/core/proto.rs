@@ -19,6 +19,16 @@
 //! A small send from host memory may go before its CTS, eagerly, into the receiver's bounce
 //! ring; [`super::eager`] gives the rules, [`SendSide`] and [`RecvSide`] keep both paths.
 //!
+//! Quiet receives ([`Layout::quiet`], both hellos offer them): while the sender's messages
+//! come eagerly, a single host-memory receive writes nothing at first. The receiver posts a
+//! receive quietly when the latest message arrived eagerly, and writes its CTS only when no
+//! eager message took it within a while ([`RecvSide::announce`]; the glue keeps the time, and
+//! its watcher thread calls it when the client makes no call): a message that cannot go eagerly
+//! (GPU memory, too large, another tag) waits for that CTS, as any send waits for its CTS. An
+//! eager send keeps a copy of its payload in the sender's staging ring, so it completes with
+//! its own write; the receiver returns bounce slots with a cumulative credit
+//! ([`eager::CREDIT_EVERY`]), and a refused message is written again from the copy.
+//!
 //! Nothing here touches memory, verbs or the clock: addresses and keys are plain numbers.
 
 use std::collections::VecDeque;
@@ -118,6 +128,8 @@ pub struct Layout {
     /// Largest message the eager path carries on this connection; 0 when it is not used (either
     /// side's knob is 0, the peer predates it, or the connection has more than one QP).
     pub eager_bytes: u64,
+    /// Receives may stay quiet (both hellos offer it, eager path in use): see [`RecvSide`].
+    pub quiet: bool,
 }
 
 impl Layout {
@@ -129,6 +141,7 @@ impl Layout {
             local_members: 1,
             remote_members: 1,
             eager_bytes: 0,
+            quiet: false,
         }
     }
 
@@ -238,7 +251,7 @@ pub struct EagerCopy {
 }
 
 /// What `irecv` has the glue do: post receives, copy an eager message, and RDMA-write the
-/// answer (CTS entries or an eager acknowledgement) into the sender's ring.
+/// answer (CTS entries or an eager acknowledgement) into the sender's ring, if any.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CtsPost {
     /// Ring slot (entries go to `slot * MAX_RECVS` onwards).
@@ -247,8 +260,9 @@ pub struct CtsPost {
     pub recvs: std::ops::Range<usize>,
     /// The QP the answer is written on.
     pub qp: usize,
-    /// What the entries say; [`Self::entries`] spells them out.
-    pub answer: Answer,
+    /// What the entries say; [`Self::entries`] spells them out. `None`: nothing is written (a
+    /// quiet receive, or a copy the credit will account for).
+    pub answer: Option<Answer>,
     /// Copy this first, when the message arrived eagerly and the receive can take it.
     pub copy: Option<EagerCopy>,
 }
@@ -287,26 +301,28 @@ impl CtsPost {
     /// Described rather than carried: eight 64-byte entries would be built and moved on every
     /// `irecv` for the one a single receive writes.
     pub fn entries<'a>(&self, bufs: &'a [RecvBuf]) -> impl Iterator<Item = Cts> + 'a {
-        let answer = self.answer;
-        let n = match answer {
-            Answer::Cts { .. } => bufs.len(),
-            Answer::Ack { .. } => 1,
-        };
         let nreqs = u32::try_from(bufs.len()).unwrap_or(0);
-        (0..n).map(move |i| match answer {
-            Answer::Cts { seq, refused } => Cts {
-                addr: bufs[i].addr,
-                size: bufs[i].size,
-                rkeys: bufs[i].rkeys,
-                tag: bufs[i].tag,
-                nreqs: if refused {
-                    nreqs | eager::REFUSED
-                } else {
-                    nreqs
+        // A quiet receive (no answer) writes no entries.
+        self.answer.into_iter().flat_map(move |answer| {
+            let n = match answer {
+                Answer::Cts { .. } => bufs.len(),
+                Answer::Ack { .. } => 1,
+            };
+            (0..n).map(move |i| match answer {
+                Answer::Cts { seq, refused } => Cts {
+                    addr: bufs[i].addr,
+                    size: bufs[i].size,
+                    rkeys: bufs[i].rkeys,
+                    tag: bufs[i].tag,
+                    nreqs: if refused {
+                        nreqs | eager::REFUSED
+                    } else {
+                        nreqs
+                    },
+                    seq_plus_one: seq + 1,
                 },
-                seq_plus_one: seq + 1,
-            },
-            Answer::Ack { seq, delivered } => eager::ack(seq, delivered),
+                Answer::Ack { seq, delivered } => eager::ack(seq, delivered),
+            })
         })
     }
 }
@@ -325,6 +341,7 @@ pub struct RecvDone {
 
 #[derive(Copy, Clone, Debug)]
 struct RecvSlot {
+    seq: u64,
     n: usize,
     ringed: bool,
     pending: usize,
@@ -333,6 +350,8 @@ struct RecvSlot {
     single: Option<RecvBuf>,
     /// Its CTS promised to copy an eager message with its tag (a single host-memory receive).
     promised: bool,
+    /// Posted quietly: no CTS written (yet).
+    quiet: bool,
 }
 
 /// An eager message that arrived before its receive was posted.
@@ -380,6 +399,23 @@ pub struct RecvSide {
     stopped_at: Option<u64>,
     /// Per bounce slot, an eager message waiting for its receive.
     arrivals: Vec<Option<Arrival>>,
+    /// The latest message that arrived eagerly: the next receive may be quiet.
+    last_eager: Option<u64>,
+    /// The latest message that arrived came eagerly (none came by rendezvous since): the
+    /// sender's messages come eagerly, and a receive posted now may stay quiet.
+    eager_flowing: bool,
+    /// Quiet receives whose CTS must be written now, and whether it refuses a copy
+    /// ([`Self::late_answer`]).
+    late: Vec<(u64, bool)>,
+    /// Every message before this one completed.
+    done_through: u64,
+    /// The last credit handed to the glue.
+    credited: u64,
+    /// The latest message that completed without an answer (a copy the credit accounts for):
+    /// the sender learns of it from a credit only.
+    last_silent: Option<u64>,
+    /// Receives whose CTS went out, still waiting for the sender (quiet connections only).
+    answered_waiting: usize,
 }
 
 impl RecvSide {
@@ -392,6 +428,13 @@ impl RecvSide {
             expected: vec![VecDeque::new(); layout.nqps],
             stopped_at: None,
             arrivals: vec![None; SLOTS],
+            last_eager: None,
+            eager_flowing: false,
+            late: Vec::new(),
+            done_through: 0,
+            credited: 0,
+            last_silent: None,
+            answered_waiting: 0,
         }
     }
 
@@ -417,14 +460,124 @@ impl RecvSide {
         self.layout.eager_bytes > 0 && self.stopped_at.is_none_or(|at| seq < at)
     }
 
-    /// The sender renumbers its eager sends from message `seq` on (see [`eager`]).
+    /// The sender renumbers its eager sends from message `seq` on (see [`eager`]): receives
+    /// from there on that were posted quietly get their CTS now.
     fn stop_at(&mut self, seq: u64) {
         if self.stopped_at.is_none() {
             self.stopped_at = Some(seq);
             for a in &mut self.arrivals {
                 *a = a.filter(|a| a.seq <= seq);
             }
+            for s in seq..self.next_seq {
+                self.unquiet(s, true);
+            }
         }
+    }
+
+    /// Quiet receive `seq` (if it is one) answers after all, with a CTS the glue writes from
+    /// [`Self::late_answer`]: flagged refused, or a plain CTS that promises the copy. Returns
+    /// whether it was quiet.
+    fn unquiet(&mut self, seq: u64, refused: bool) -> bool {
+        let Some(s) = self.slots[slot_of(seq)]
+            .as_mut()
+            .filter(|s| s.seq == seq && s.quiet)
+        else {
+            return false;
+        };
+        s.quiet = false;
+        s.promised = !refused;
+        self.late.push((seq, refused));
+        self.answered_waiting += 1;
+        true
+    }
+
+    /// Receive `seq`, if still quiet, writes its CTS now (a plain one, which promises the copy):
+    /// no eager message took it within the while the glue waits, so the sender may be holding
+    /// a message that cannot go eagerly. Returns whether it was quiet.
+    pub fn announce(&mut self, seq: u64) -> bool {
+        self.unquiet(seq, false)
+    }
+
+    /// The latest message that arrived eagerly.
+    pub fn last_eager(&self) -> Option<u64> {
+        self.last_eager
+    }
+
+    /// Whether receive `seq` is posted and quiet.
+    pub fn is_quiet(&self, seq: u64) -> bool {
+        self.slots[slot_of(seq)]
+            .as_ref()
+            .is_some_and(|s| s.seq == seq && s.quiet)
+    }
+
+    /// A CTS a quiet receive owes the sender now (an eager message it cannot take, a
+    /// renumbering, or no message for a while), with the receive's buffer; `None` when none
+    /// is owed.
+    pub fn late_answer(&mut self) -> Option<(CtsPost, RecvBuf)> {
+        let (seq, refused) = self.late.pop()?;
+        let slot = slot_of(seq);
+        let b = self.slots[slot].and_then(|s| s.single)?;
+        let qp = self.layout.qps_for(seq, b.size).start;
+        Some((
+            CtsPost {
+                slot,
+                recvs: qp..qp,
+                qp,
+                answer: Some(Answer::Cts { seq, refused }),
+                copy: None,
+            },
+            b,
+        ))
+    }
+
+    /// The credit to write as the receive comm closes, when it returns anything: the sender's
+    /// comm may be waiting for it to let go of its kept copies.
+    pub fn final_credit(&mut self) -> Option<u64> {
+        if !self.layout.quiet {
+            return None;
+        }
+        self.advance_done_through();
+        (self.done_through > self.credited).then(|| self.take_credit())
+    }
+
+    /// Move [`Self::done_through`] past every message whose receive completed.
+    fn advance_done_through(&mut self) {
+        while self.done_through < self.next_seq {
+            match &self.slots[slot_of(self.done_through)] {
+                Some(s) if s.seq == self.done_through && s.pending > 0 => break,
+                // Done, released, or released and its slot taken by a later receive.
+                _ => self.done_through += 1,
+            }
+        }
+    }
+
+    /// The credit to write now: every message before [`Self::done_through`].
+    fn take_credit(&mut self) -> u64 {
+        self.credited = self.done_through;
+        self.credited
+    }
+
+    /// On a connection with quiet receives, the credit to write into the sender's credit word
+    /// now (`answering`: a CTS is being written): every message before it completed, so its
+    /// bounce slot was read. Due every [`eager::CREDIT_EVERY`] messages while eager messages
+    /// come, and at once when a message completed without an answer while the sender may wait
+    /// for a CTS (one being written, or one written for a receive still waiting): the sender
+    /// reads answers in message order, so it needs the credit to get past that message.
+    pub fn credit_due(&mut self, answering: bool) -> Option<u64> {
+        if !self.layout.quiet {
+            return None;
+        }
+        self.advance_done_through();
+        if self.done_through <= self.credited {
+            return None;
+        }
+        let silent = self
+            .last_silent
+            .is_some_and(|s| s >= self.credited && s < self.done_through);
+        let waiting = self.answered_waiting > 0;
+        let eager_since = self.last_eager.is_some_and(|e| e >= self.credited);
+        let periodic = eager_since && self.done_through >= self.credited + eager::CREDIT_EVERY;
+        (periodic || (silent && (answering || waiting))).then(|| self.take_credit())
     }
 
     /// `Some` when `imm` announces an eager message on a connection that negotiated them;
@@ -463,6 +616,8 @@ impl RecvSide {
         if self.stopped_at.is_some_and(|at| seq > at) {
             return Ok(Arrived::Dropped);
         }
+        self.last_eager = Some(self.last_eager.map_or(seq, |l| l.max(seq)));
+        self.eager_flowing = true;
         if seq >= self.next_seq {
             self.arrivals[slot] = Some(Arrival {
                 seq,
@@ -479,9 +634,15 @@ impl RecvSide {
         match posted.single {
             Some(b) if posted.promised && fits(a.size, &b, header.tag) && self.copies(seq) => {
                 let len = a.size;
+                if posted.quiet {
+                    self.last_silent = Some(seq);
+                } else if self.layout.quiet {
+                    self.answered_waiting -= 1;
+                }
                 self.slots[slot] = Some(RecvSlot {
                     pending: 0,
                     imm_sum: len,
+                    quiet: false,
                     ..posted
                 });
                 let qps = self.layout.qps_for(seq, b.size);
@@ -495,11 +656,17 @@ impl RecvSide {
                 }))
             }
             Some(b) if b.tag != header.tag => {
-                // The sender renumbers from here on, having read a CTS for another tag.
+                // The sender renumbers from here on, having read a CTS for another tag (a
+                // quiet receive writes it now).
                 self.stop_at(seq);
                 Ok(Arrived::Dropped)
             }
-            _ => Ok(Arrived::Dropped),
+            _ => {
+                // A message too large for the buffer: a quiet receive writes its CTS now, and
+                // the sender writes the message again by rendezvous, truncated.
+                self.unquiet(seq, true);
+                Ok(Arrived::Dropped)
+            }
         }
     }
 
@@ -542,13 +709,19 @@ impl RecvSide {
                 && self.copies(seq)
             {
                 let len = a.size;
+                let silent = self.layout.quiet;
+                if silent {
+                    self.last_silent = Some(seq);
+                }
                 self.slots[slot] = Some(RecvSlot {
+                    seq,
                     n: 1,
                     ringed: false,
                     pending: 0,
                     imm_sum: len,
                     single,
                     promised,
+                    quiet: false,
                 });
                 self.next_seq += 1;
                 let copy = EagerCopy {
@@ -562,10 +735,11 @@ impl RecvSide {
                         slot,
                         recvs: qps.start..qps.start,
                         qp: qps.start,
-                        answer: Answer::Ack {
+                        // With quiet receives, the credit accounts for the copy.
+                        answer: (!silent).then_some(Answer::Ack {
                             seq,
                             delivered: len,
-                        },
+                        }),
                         copy: Some(copy),
                     },
                 )));
@@ -577,16 +751,24 @@ impl RecvSide {
         // A message that arrived eagerly and was not copied above, or one the sender may have
         // sent eagerly already and that is not copied here, goes again by rendezvous.
         let refused = arrival.is_some() || (self.layout.eager_bytes > 0 && !promised);
+        // The sender's latest message came eagerly, so this one likely will too (see the
+        // module doc).
+        let quiet = self.layout.quiet && promised && arrival.is_none() && self.eager_flowing;
         for q in qps.clone() {
             self.expected[q].push_back(seq);
         }
+        if self.layout.quiet && !quiet {
+            self.answered_waiting += 1;
+        }
         self.slots[slot] = Some(RecvSlot {
+            seq,
             n: bufs.len(),
             ringed: self.layout.uses_sizes_ring(bufs.len(), capacity),
             pending: qps.len(),
             imm_sum: 0,
             single,
             promised,
+            quiet,
         });
         self.next_seq += 1;
         Ok(Some((
@@ -595,7 +777,7 @@ impl RecvSide {
                 slot,
                 qp: qps.start,
                 recvs: qps,
-                answer: Answer::Cts { seq, refused },
+                answer: (!quiet).then_some(Answer::Cts { seq, refused }),
                 copy: None,
             },
         )))
@@ -624,6 +806,11 @@ impl RecvSide {
         })?;
         slot.pending = slot.pending.saturating_sub(1);
         slot.imm_sum += u64::from(imm);
+        self.eager_flowing = false;
+        if slot.pending == 0 && self.layout.quiet {
+            // A rendezvous write completes only a receive that answered.
+            self.answered_waiting -= 1;
+        }
         Ok(())
     }
 
@@ -804,6 +991,29 @@ pub struct SingleSend {
 /// renumbering holds back (one per slot).
 pub const SEND_REQUESTS: usize = SLOTS * (MAX_RECVS + 1);
 
+/// How an eager message goes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Eager {
+    /// Before its CTS: the receiver answers it, or (quiet receive) the credit accounts for it.
+    Unannounced,
+    /// Into a receive whose CTS promised the copy: delivered once written.
+    Promised,
+}
+
+/// The request of an eager send NCCL already saw done (its payload is in the staging ring):
+/// what is left of it completes without NCCL.
+const DETACHED: usize = usize::MAX;
+
+/// The sender's staging ring for eager messages on a connection with quiet receives: slot `s`
+/// at [`eager::slot_offset`]`(s)`, a header and then the payload, as in the bounce ring.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Staging {
+    /// Address of slot 0.
+    pub addr: u64,
+    /// Local keys of its registration, one per local member.
+    pub lkeys: [u32; MAX_FUSED_MEMBERS],
+}
+
 /// A message whose CTS the sender captured. One per slot, reused: a message's CTS is copied
 /// into it in place, never built and moved (over 1 KiB with eight entries), and starting over
 /// clears two masks, not the matched sends.
@@ -865,6 +1075,10 @@ impl Rendezvous {
         };
         self.sends[entry] = (clamped, req);
         self.matched |= 1 << entry;
+        if req == DETACHED {
+            // NCCL saw this send done already.
+            self.tested |= 1 << entry;
+        }
         truncated
     }
 
@@ -880,7 +1094,8 @@ impl Rendezvous {
 enum SlotState {
     /// Sent eagerly; `delivered` (whole) once the receiver acknowledged it, promised the copy
     /// or went past it, `sent` once the sender's own write completed (NCCL may then reuse the
-    /// buffer).
+    /// buffer). With quiet receives, `buf` is the copy in the staging ring and the send is
+    /// done once sent; NCCL may release it before it is delivered (`req` is then [`DETACHED`]).
     Eager {
         req: usize,
         buf: SendBuf,
@@ -932,16 +1147,20 @@ pub struct SendSide {
     /// Per slot, completions of eager writes whose message went on by rendezvous or was
     /// renumbered before the sender's own completion arrived.
     strays: Vec<u32>,
-    /// Per slot, an eager message was written into its bounce slot and the receiver has not
-    /// yet shown that it read it: an acknowledgement shows it (written after the copy), and
-    /// so does any later answer in the slot (the receive of the next message there is posted
-    /// only after this one completed). A promise or a refusal does not: the receiver reads the
-    /// bounce slot when it handles the arrival, which may come after the sender's own write
-    /// completed. No eager message goes into such a slot.
-    unread: Vec<bool>,
+    /// Per slot, the eager message written into its bounce slot that the receiver has not yet
+    /// shown it read: an acknowledgement shows it (written after the copy), and so does any
+    /// later answer in the slot (the receive of the next message there is posted only after
+    /// this one completed) or a credit past it. A promise or a refusal does not: the receiver
+    /// reads the bounce slot when it handles the arrival, which may come after the sender's own
+    /// write completed. No eager message goes into such a slot.
+    unread: Vec<Option<u64>>,
     /// The vector the next [`Accepted::posts`] is built in, handed back by [`Self::recycle`]
     /// so that sending allocates nothing once it has grown to a message's posts.
     spare_posts: Vec<Post>,
+    /// Where eager payloads are copied with quiet receives.
+    staging: Option<Staging>,
+    /// The latest credit taken.
+    credit: u64,
 }
 
 impl SendSide {
@@ -959,8 +1178,74 @@ impl SendSide {
             eager: layout.eager_bytes > 0,
             expected_tag: None,
             strays: vec![0; SLOTS],
-            unread: vec![false; SLOTS],
+            unread: vec![None; SLOTS],
+            credit: 0,
             spare_posts: Vec::new(),
+            staging: None,
+        }
+    }
+
+    /// A sender on a connection with quiet receives, whose eager payloads go through `staging`.
+    pub fn with_staging(layout: Layout, staging: Staging) -> Self {
+        Self {
+            staging: Some(staging),
+            ..Self::new(layout)
+        }
+    }
+
+    /// Whether the glue should read the credit word for [`Self::handle_credit`]: on a
+    /// connection with quiet receives.
+    pub fn wants_credit(&self) -> bool {
+        self.layout.quiet
+    }
+
+    /// The receiver's credit: every message before `credit` completed. Each eager message
+    /// among them whose answer was not read was copied (a refused one could not complete
+    /// before the sender wrote it again), and its bounce slot was read.
+    ///
+    /// # Errors
+    /// `Remote` when the credit covers an awaited eager message that is no longer in its slot.
+    pub fn handle_credit(&mut self, credit: u64) -> Result<()> {
+        if credit <= self.credit {
+            return Ok(());
+        }
+        self.credit = credit;
+        for u in &mut self.unread {
+            *u = u.filter(|&s| s >= credit);
+        }
+        while let Some(&seq) = self.awaiting.front().filter(|&&s| s < credit) {
+            let slot = slot_of(seq);
+            match self.slots[slot] {
+                Some(SendSlot {
+                    seq: s,
+                    state: SlotState::Eager { .. },
+                }) if s == seq => {}
+                _ => {
+                    return Err(Error::new(
+                        Kind::Remote,
+                        format!("credit {credit} covers message {seq}, which is not in its slot"),
+                    ));
+                }
+            }
+            self.awaiting.pop_front();
+            self.unread[slot] = None;
+            self.delivered(slot);
+        }
+        Ok(())
+    }
+
+    /// The eager message in `slot` was delivered whole; the slot is free if NCCL already saw
+    /// its send done.
+    fn delivered(&mut self, slot: usize) {
+        if let Some(SendSlot {
+            state: SlotState::Eager { req, delivered, .. },
+            ..
+        }) = self.slots[slot].as_mut()
+        {
+            *delivered = true;
+            if *req == DETACHED {
+                self.slots[slot] = None;
+            }
         }
     }
 
@@ -1024,7 +1309,7 @@ impl SendSide {
         check_cts(seq, entries)?;
         // The receive of `seq` was posted, so the one of the eager message before it in this
         // slot completed: its bounce slot was read.
-        self.unread[slot_of(seq)] = false;
+        self.unread[slot_of(seq)] = None;
         if entries.len() > 1 {
             // A grouped receive: the receiver stops taking eager messages too.
             self.eager = false;
@@ -1056,6 +1341,10 @@ impl SendSide {
         check_message_size(buf.size, "a send")?;
         let seq = self.next_seq;
         let slot = slot_of(seq);
+        if self.promise_takes(cts, &buf) {
+            // It goes eagerly into the promised copy instead (see `isend`).
+            return Ok(None);
+        }
         let single = cts.seq_plus_one == seq + 1
             && cts.nreqs & !eager::REFUSED == 1
             && cts.tag == buf.tag
@@ -1124,7 +1413,7 @@ impl SendSide {
                     ),
                 ));
             }
-            self.unread[slot] = false;
+            self.unread[slot] = None;
             true
         } else if first.nreqs == 0 && entries.len() == 1 {
             // Acknowledged after the copy: the bounce slot was read.
@@ -1137,7 +1426,7 @@ impl SendSide {
                     ),
                 ));
             }
-            self.unread[slot] = false;
+            self.unread[slot] = None;
             true
         } else {
             let refusing = refused(entries);
@@ -1148,20 +1437,12 @@ impl SendSide {
             }
             // The same message either way: copied on arrival as promised when it fits, or
             // written again by rendezvous into the buffer (in GPU memory, or too small: then
-            // truncated) from the one NCCL still holds for us.
+            // truncated) from the one NCCL still holds for us (or our copy of it).
             !refusing && buf.size <= entries[0].size
         };
         self.awaiting.pop_front();
         if copied {
-            self.slots[slot] = Some(SendSlot {
-                seq,
-                state: SlotState::Eager {
-                    req,
-                    buf,
-                    delivered: true,
-                    sent,
-                },
-            });
+            self.delivered(slot);
             return Ok(Vec::new());
         }
         self.expected_tag = None;
@@ -1183,7 +1464,9 @@ impl SendSide {
             }) = self.slots[slot].take()
             {
                 self.strays[slot] += u32::from(!sent);
-                self.requests[req] = Request::Held;
+                if let Some(r) = self.requests.get_mut(req) {
+                    *r = Request::Held;
+                }
                 self.held.push_back((req, buf));
             }
         }
@@ -1216,7 +1499,9 @@ impl SendSide {
         while k < self.held.len() {
             let (req, buf) = self.held[k];
             if rendezvous.take(buf, req).is_some() {
-                self.requests[req] = Request::In(seq);
+                if let Some(r) = self.requests.get_mut(req) {
+                    *r = Request::In(seq);
+                }
                 self.held.remove(k);
             } else {
                 k += 1;
@@ -1252,18 +1537,37 @@ impl SendSide {
                 seq,
                 state: SlotState::Rendezvous,
             }) if *seq == self.next_seq && !self.rendezvous[slot].posted => {
+                let r = &self.rendezvous[slot];
+                if r.cts.len() == 1 && r.matched == 0 && self.promise_takes(&r.cts[0], &buf) {
+                    return Ok(self.send_eager(buf, Eager::Promised));
+                }
                 Ok(self.match_send(buf))
             }
             None if self.awaiting.len() < SLOTS && self.eager_fits(&buf) => {
-                Ok(self.send_eager(buf))
+                Ok(self.send_eager(buf, Eager::Unannounced))
             }
             _ => Ok(None),
         }
     }
 
+    /// With quiet receives, whether a send into the single receive whose CTS is `cts` goes
+    /// eagerly into the copy that CTS promised rather than by rendezvous: one write either
+    /// way, and the receiver, seeing an eager message, may post the next receive quietly.
+    fn promise_takes(&self, cts: &Cts, buf: &SendBuf) -> bool {
+        self.layout.quiet
+            && self.eager
+            && cts.nreqs == 1
+            && cts.tag == buf.tag
+            && buf.host
+            && buf.size <= self.layout.eager_bytes
+            && buf.size <= cts.size
+            && self.unread[slot_of(self.next_seq)].is_none()
+            && self.held.is_empty()
+    }
+
     fn eager_fits(&self, buf: &SendBuf) -> bool {
         self.eager
-            && !self.unread[slot_of(self.next_seq)]
+            && self.unread[slot_of(self.next_seq)].is_none()
             && buf.host
             && buf.size <= self.layout.eager_bytes
             && self.expected_tag == Some(buf.tag)
@@ -1276,21 +1580,36 @@ impl SendSide {
         Some(req)
     }
 
-    fn send_eager(&mut self, buf: SendBuf) -> Option<Accepted> {
+    /// Send `buf` eagerly.
+    fn send_eager(&mut self, buf: SendBuf, how: Eager) -> Option<Accepted> {
         let seq = self.next_seq;
         let slot = slot_of(seq);
         let req = self.take_request(seq)?;
+        // With quiet receives the payload is copied into the staging ring (by the glue, from
+        // the post), and a refused message is written again from there.
+        let kept = match self.staging {
+            Some(st) => SendBuf {
+                addr: st.addr
+                    + eager::slot_offset(slot, self.layout.eager_bytes)
+                    + eager::HEADER_BYTES as u64,
+                lkeys: st.lkeys,
+                ..buf
+            },
+            None => buf,
+        };
         self.slots[slot] = Some(SendSlot {
             seq,
             state: SlotState::Eager {
                 req,
-                buf,
-                delivered: false,
+                buf: kept,
+                delivered: how == Eager::Promised,
                 sent: false,
             },
         });
-        self.awaiting.push_back(seq);
-        self.unread[slot] = true;
+        if how != Eager::Promised {
+            self.awaiting.push_back(seq);
+        }
+        self.unread[slot] = Some(seq);
         self.next_seq += 1;
         let qp = self.layout.qps_for(seq, buf.size).start;
         let mut posts = std::mem::take(&mut self.spare_posts);
@@ -1433,7 +1752,12 @@ impl SendSide {
                 state: SlotState::Rendezvous,
                 ..
             }) if self.rendezvous[slot].pending > 0 => {
-                self.rendezvous[slot].pending -= 1;
+                let r = &mut self.rendezvous[slot];
+                r.pending -= 1;
+                if r.pending == 0 && r.tested == entries_mask(r.cts.len()) {
+                    // Only sends NCCL saw done before (detached eager ones): nobody tests it.
+                    self.slots[slot] = None;
+                }
                 Ok(())
             }
             _ => Err(Error::misuse(format!(
@@ -1454,6 +1778,23 @@ impl SendSide {
             .then_some(slot)
     }
 
+    /// Whether messages whose requests may be done still need this side: eager messages whose
+    /// fate is not known (a refusal is written again from the kept copy), held sends, and
+    /// rendezvous writes in flight.
+    pub fn undelivered(&self) -> bool {
+        !self.awaiting.is_empty()
+            || !self.held.is_empty()
+            || self.slots.iter().zip(&self.rendezvous).any(|(s, r)| {
+                matches!(
+                    s,
+                    Some(SendSlot {
+                        state: SlotState::Rendezvous,
+                        ..
+                    })
+                ) && r.pending > 0
+            })
+    }
+
     /// Bytes delivered by request `req`, once its message completed (an eager one once the
     /// receiver acknowledged it).
     pub fn poll_done(&self, req: usize) -> Option<u64> {
@@ -1464,7 +1805,10 @@ impl SendSide {
                 delivered,
                 sent,
                 ..
-            } => (*delivered && *sent).then_some(buf.size),
+            } => {
+                let kept = self.staging.is_some();
+                (*sent && (*delivered || kept)).then_some(buf.size)
+            }
             SlotState::Rendezvous => {
                 let r = &self.rendezvous[slot];
                 (r.posted && r.pending == 0)
@@ -1491,6 +1835,19 @@ impl SendSide {
                     r.tested |= 1 << e;
                 }
                 r.tested == entries_mask(r.cts.len())
+            }
+            Some(SlotState::Eager {
+                delivered: false, ..
+            }) => {
+                // A send whose copy is in the staging ring: the slot stays until delivered.
+                if let Some(SendSlot {
+                    state: SlotState::Eager { req, .. },
+                    ..
+                }) = self.slots[slot].as_mut()
+                {
+                    *req = DETACHED;
+                }
+                false
             }
             _ => true,
         };

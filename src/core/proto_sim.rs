@@ -36,7 +36,15 @@ struct Pair {
     single: bool,
     /// Sends that went the single-write way.
     singles: usize,
+    /// The sender's credit word (quiet receives).
+    credit: u64,
+    /// Answers the receiver wrote into the ring, and credits.
+    cts_writes: usize,
+    credit_writes: usize,
 }
+
+/// Where the sender's staging ring lies in its memory (quiet receives).
+const STAGING_AT: u64 = (MEM / 2) as u64;
 
 /// Keys of member `m`: the simulation checks every write uses the pair its QP connects.
 const fn lkey_of(m: usize) -> u32 {
@@ -54,12 +62,26 @@ impl Pair {
     /// A one-QP connection that agreed on eager messages of up to `eager_bytes` and carried one
     /// message for `tag` (eager sends follow the tag of the last receive).
     fn eager(eager_bytes: u64, tag: i32) -> Self {
+        Self::eager_with(eager_bytes, tag, false)
+    }
+
+    /// [`Self::eager`], with quiet receives when `quiet`.
+    fn eager_with(eager_bytes: u64, tag: i32, quiet: bool) -> Self {
         let mut p = Self::new(1, false);
         let layout = Layout {
             eager_bytes,
+            quiet,
             ..p.send.layout()
         };
-        p.send = SendSide::new(layout);
+        let staging = Staging {
+            addr: STAGING_AT,
+            lkeys: std::array::from_fn(lkey_of),
+        };
+        p.send = if quiet {
+            SendSide::with_staging(layout, staging)
+        } else {
+            SendSide::new(layout)
+        };
         p.recv = RecvSide::new(layout);
         let slot = p.irecv(&[rbuf(WARM_UP_AT, 8, tag)]).unwrap();
         let a = p.isend(sbuf(0, 8, tag)).unwrap().unwrap();
@@ -79,6 +101,7 @@ impl Pair {
             local_members: send_members,
             remote_members: recv_members,
             eager_bytes: 0,
+            quiet: false,
         };
         let mirrored = Layout {
             local_members: recv_members,
@@ -99,6 +122,9 @@ impl Pair {
             bounce: vec![(EagerHeader { seq: 0, tag: 0 }, Vec::new()); SLOTS],
             single: true,
             singles: 0,
+            credit: 0,
+            cts_writes: 0,
+            credit_writes: 0,
         }
     }
 
@@ -107,6 +133,7 @@ impl Pair {
         let (_, cts) = self.recv.irecv(bufs).unwrap()?;
         assert_eq!(cts.recvs.is_empty(), cts.copy.is_some());
         self.answer(&cts, bufs);
+        self.receiver_writes(cts.answer.is_some());
         Some(cts.slot)
     }
 
@@ -115,8 +142,41 @@ impl Pair {
         if let Some(c) = cts.copy {
             self.copy_eager(c);
         }
+        self.cts_writes += usize::from(cts.answer.is_some());
         for (i, e) in cts.entries(bufs).enumerate() {
             self.ring[cts.slot * MAX_RECVS + i] = Some(e);
+        }
+    }
+
+    /// What the receiver's glue does once quiet receives waited long enough: each writes its
+    /// CTS.
+    fn time_passes(&mut self) {
+        let quiet: Vec<u64> = self
+            .recv
+            .slots
+            .iter()
+            .flatten()
+            .filter(|s| s.quiet)
+            .map(|s| s.seq)
+            .collect();
+        for seq in quiet {
+            assert!(self.recv.announce(seq));
+        }
+        self.receiver_writes(false);
+    }
+
+    /// What the receiver's glue writes after handling something: the CTS quiet receives owe,
+    /// and the credit when one is due.
+    fn receiver_writes(&mut self, answered: bool) {
+        let mut answering = answered;
+        while let Some((cts, buf)) = self.recv.late_answer() {
+            self.answer(&cts, &[buf]);
+            answering = true;
+        }
+        if let Some(c) = self.recv.credit_due(answering) {
+            assert!(c > self.credit, "credits only grow");
+            self.credit = c;
+            self.credit_writes += 1;
         }
     }
 
@@ -159,12 +219,29 @@ impl Pair {
 
     fn queue(&mut self, posts: &[Post]) {
         for p in posts {
+            if let Post::Eager {
+                slot,
+                local_addr,
+                len,
+                ..
+            } = *p
+                && self.send.layout().quiet
+            {
+                // The glue copies the payload into the staging ring at post time.
+                let (from, n) = (local_addr as usize, len as usize);
+                let to = (STAGING_AT + eager::slot_offset(slot, EAGER)) as usize + 16;
+                self.sender_mem.copy_within(from..from + n, to);
+            }
             self.wire[p.qp()].push_back(*p);
         }
     }
 
-    /// Read the CTS ring as the glue does, in the order the sender asks for.
+    /// Read the CTS ring as the glue does, in the order the sender asks for (the credit word
+    /// first).
     fn read_answers(&mut self) -> Result<()> {
+        if self.send.wants_credit() {
+            self.send.handle_credit(self.credit)?;
+        }
         while let Some((seq, slot)) = self.send.wants_cts() {
             let first = self.ring[slot * MAX_RECVS].filter(|c| c.seq_plus_one > seq);
             let Some(first) = first else { return Ok(()) };
@@ -238,6 +315,7 @@ impl Pair {
                 }
             }
         }
+        self.receiver_writes(false);
     }
 
     /// The receiver's side of an eager message: it lands in its bounce slot and the receiver
@@ -255,7 +333,13 @@ impl Pair {
         else {
             panic!("not an eager message: {eager:?}");
         };
-        let (at, n) = (local_addr as usize, len as usize);
+        // With quiet receives the payload leaves from the staging copy.
+        let at = if self.send.layout().quiet {
+            (STAGING_AT + eager::slot_offset(slot, EAGER)) as usize + 16
+        } else {
+            local_addr as usize
+        };
+        let n = len as usize;
         self.bounce[slot] = (
             EagerHeader { seq, tag },
             self.sender_mem[at..at + n].to_vec(),
@@ -580,6 +664,7 @@ fn fused_layouts_stripe_large_messages_and_rotate_small_ones() {
         local_members: 2,
         remote_members: 2,
         eager_bytes: 0,
+        quiet: false,
     };
     let big: Vec<_> = (0..4).map(|s| two.qps_for(s, STRIPE_MIN_BYTES)).collect();
     assert_eq!(
@@ -595,6 +680,7 @@ fn fused_layouts_stripe_large_messages_and_rotate_small_ones() {
         local_members: 1,
         remote_members: 2,
         eager_bytes: 0,
+        quiet: false,
     };
     assert_eq!((asym.local_member(1), asym.remote_member(1)), (0, 1));
 }
@@ -1219,9 +1305,15 @@ impl InFlight<'_> {
 /// message must arrive byte-exact in its own buffer and both sides must report its size.
 #[test]
 fn eager_and_rendezvous_messages_mix_in_any_order() {
+    for quiet in [false, true] {
+        mix_in_any_order(quiet);
+    }
+}
+
+fn mix_in_any_order(quiet: bool) {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for round in 0..40 {
-        let mut p = Pair::eager(EAGER, 3);
+        let mut p = Pair::eager_with(EAGER, 3, quiet);
         let count = 3 * SLOTS;
         let (mut sent, mut posted, mut eager) = (0, 0, 0);
         let size = |i: usize| [0, 8, EAGER - 1, EAGER, EAGER + 1, 100][i % 6] + (i / 6) as u64;
@@ -1234,7 +1326,13 @@ fn eager_and_rendezvous_messages_mix_in_any_order() {
             src: &src,
             dst: &dst,
         };
+        let mut steps = 0;
         while sent < count || posted < count || !fly.is_empty() {
+            steps += 1;
+            if steps == 200_000 {
+                eprintln!("{:#?}\n{:#?}\ncredit {}", p.send, p.recv, p.credit);
+                panic!("round {round}: stalled at send {sent}, receive {posted}");
+            }
             match rng.next() % 4 {
                 0 if sent < count && fly.sends.len() < SLOTS => {
                     let host = !rng.next().is_multiple_of(5);
@@ -1258,7 +1356,13 @@ fn eager_and_rendezvous_messages_mix_in_any_order() {
                         posted += 1;
                     }
                 }
-                2 => p.deliver_all(),
+                2 => {
+                    p.deliver_all();
+                    // Sometimes long enough for quiet receives to announce themselves.
+                    if rng.next().is_multiple_of(3) {
+                        p.time_passes();
+                    }
+                }
                 _ => {
                     fly.finish_receive(&mut p, round);
                     fly.finish_send(&mut p, round);
@@ -1283,9 +1387,15 @@ fn eager_and_rendezvous_messages_mix_in_any_order() {
 /// finish: a stall (no progress in many steps) fails the test.
 #[test]
 fn a_full_ring_in_flight_on_both_sides_never_stalls() {
+    for quiet in [false, true] {
+        full_ring_never_stalls(quiet);
+    }
+}
+
+fn full_ring_never_stalls(quiet: bool) {
     let mut rng = Rng(0x1234_5678_9abc_def1);
     for round in 0..60 {
-        let mut p = Pair::eager(EAGER, 3);
+        let mut p = Pair::eager_with(EAGER, 3, quiet);
         let count = 6 * SLOTS;
         // The sender's share of the steps: from one in two down to one in 256.
         let sender_every = 2 << (round % 8);
@@ -1302,6 +1412,9 @@ fn a_full_ring_in_flight_on_both_sides_never_stalls() {
         };
         while sent < count || !fly.is_empty() {
             idle += 1;
+            if idle >= 10_000 {
+                eprintln!("{:#?}\n{:#?}\ncredit {}", p.send, p.recv, p.credit);
+            }
             assert!(
                 idle < 10_000,
                 "round {round}: stalled at send {sent}, receive {posted}"
@@ -1328,6 +1441,9 @@ fn a_full_ring_in_flight_on_both_sides_never_stalls() {
                 }
                 (false, 1) => {
                     p.deliver_all();
+                    if rng.next().is_multiple_of(3) {
+                        p.time_passes();
+                    }
                     false
                 }
                 (false, _) => fly.finish_receive(&mut p, round),
@@ -1342,9 +1458,9 @@ fn a_full_ring_in_flight_on_both_sides_never_stalls() {
 /// One seeded random schedule of sends and receives (tags 3 and 4, single and grouped
 /// receives, sizes around the eager threshold and above the receive, host and GPU sends),
 /// every call's outcome written down.
-fn schedule_trace(seed: u64, single: bool) -> (Vec<String>, usize) {
+fn schedule_trace(seed: u64, single: bool, quiet: bool) -> (Vec<String>, usize) {
     let mut rng = Rng(seed);
-    let mut p = Pair::eager(EAGER, 3);
+    let mut p = Pair::eager_with(EAGER, 3, quiet);
     (p.single, p.singles) = (single, 0);
     let mut trace = Vec::new();
     let (mut sends, mut recvs) = (VecDeque::new(), VecDeque::new());
@@ -1376,7 +1492,12 @@ fn schedule_trace(seed: u64, single: bool) -> (Vec<String>, usize) {
                 }
                 trace.push(format!("irecv {bufs:?}: {slot:?}"));
             }
-            3 => p.deliver_all(),
+            3 => {
+                p.deliver_all();
+                if rng.next().is_multiple_of(3) {
+                    p.time_passes();
+                }
+            }
             _ => {
                 if let Some(&req) = sends.front()
                     && let Some(size) = p.sent(req)
@@ -1408,19 +1529,193 @@ fn schedule_trace(seed: u64, single: bool) -> (Vec<String>, usize) {
 /// without it, every call returns the same, every message lands the same.
 #[test]
 fn the_single_write_way_changes_no_outcome() {
-    for seed in 1..=40u64 {
+    for (seed, quiet) in (1..=40u64).flat_map(|s| [(s, false), (s, true)]) {
         let seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let ((with, singles), (without, none)) =
-            (schedule_trace(seed, true), schedule_trace(seed, false));
+        let ((with, singles), (without, none)) = (
+            schedule_trace(seed, true, quiet),
+            schedule_trace(seed, false, quiet),
+        );
         let started = with
             .iter()
             .filter(|t| t.starts_with("isend") && t.contains("Some"))
             .count();
+        // With quiet receives most sends go eagerly, a few by the single-write way.
         assert!(
-            singles > 10 && started > singles,
+            (quiet || singles > 10) && started > singles,
             "seed {seed:#x}: {singles} of {started} sends went the single-write way"
         );
         assert_eq!(none, 0);
         assert_eq!(with, without, "seed {seed:#x}");
     }
+}
+
+/// A connection with quiet receives after `warm` ping-pong rounds of 8 bytes for tag 3: the
+/// receive of round `i` at `dst_of(i)`, its send from `i * 8`.
+fn quiet_after(warm: u64) -> Pair {
+    let mut p = Pair::eager_with(EAGER, 3, true);
+    for i in 0..warm {
+        ping(&mut p, i);
+    }
+    p
+}
+
+fn dst_of(i: u64) -> u64 {
+    16_384 + (i % SLOTS as u64) * 8192
+}
+
+/// One round: the receive posted first (as NCCL's proxy keeps them), then the send; both
+/// complete byte-exact.
+fn ping(p: &mut Pair, i: u64) -> Accepted {
+    let slot = p.irecv(&[rbuf(dst_of(i), 8, 3)]).unwrap();
+    let a = p.isend(sbuf(i * 8, 8, 3)).unwrap().unwrap();
+    p.deliver_all();
+    assert_eq!(p.received(slot), Some(vec![8]), "round {i}");
+    assert_delivered(p, dst_of(i), i * 8, 8);
+    assert_eq!(p.sent(a.req), Some(8), "round {i}");
+    p.send.release(a.req);
+    p.recv.release(slot);
+    p.recv_mem[dst_of(i) as usize..dst_of(i) as usize + 8].fill(0xee);
+    a
+}
+
+/// What quiet receives are for: in a ping-pong of small host-memory messages the receiver writes no
+/// CTS at all once the first eager message went through (the second message, sent into the
+/// copy its CTS promised), only a credit every `CREDIT_EVERY` messages, and every send goes as
+/// one eager write.
+#[test]
+fn quiet_receives_write_nothing_but_a_credit_every_few_messages() {
+    let mut p = quiet_after(2);
+    let (cts_before, credits_before) = (p.cts_writes, p.credit_writes);
+    let rounds = 10 * SLOTS as u64;
+    for i in 2..2 + rounds {
+        let a = ping(&mut p, i);
+        assert!(is_eager(&a), "round {i}");
+    }
+    assert_eq!(p.cts_writes, cts_before, "no CTS while receives are quiet");
+    let credits = (p.credit_writes - credits_before) as u64;
+    assert!(
+        (rounds / eager::CREDIT_EVERY - 1..=rounds / eager::CREDIT_EVERY + 1).contains(&credits),
+        "{credits} credits for {rounds} messages"
+    );
+}
+
+/// A send that cannot go eagerly (GPU memory, or over the threshold) into a quiet receive waits
+/// for its CTS, as any send: the receive writes it once no eager message took it within a while
+/// (the glue's clock; here `time_passes`), and the message goes by rendezvous, byte-exact. The
+/// receive after it is announced at once (no eager message before it), and a later small send
+/// brings quiet receives back.
+#[test]
+fn a_send_that_cannot_go_eagerly_waits_until_the_quiet_receive_announces_itself() {
+    for (host, size) in [(false, 100), (true, EAGER + 1)] {
+        let mut p = quiet_after(4);
+        let dst = dst_of(4);
+        let cts_before = p.cts_writes;
+        let slot = p.irecv(&[rbuf(dst, 2 * EAGER, 3)]).unwrap();
+        assert_eq!(cts_before, p.cts_writes, "the receive is quiet");
+        let buf = SendBuf {
+            host,
+            ..sbuf(64, size, 3)
+        };
+        assert!(p.isend(buf).unwrap().is_none(), "waits for its CTS");
+        p.time_passes();
+        assert_eq!(p.cts_writes, cts_before + 1, "the receive announced itself");
+        let a = p.isend(buf).unwrap().unwrap();
+        assert!(!is_eager(&a), "{:?}", a.posts);
+        p.deliver_all();
+        assert_eq!(p.received(slot), Some(vec![size]));
+        assert_delivered(&p, dst, 64, size);
+        assert_eq!(p.sent(a.req), Some(size));
+        p.send.release(a.req);
+        p.recv.release(slot);
+        let next = p.irecv(&[rbuf(dst_of(5), 8, 3)]).unwrap();
+        assert_eq!(
+            p.cts_writes,
+            cts_before + 2,
+            "announced: the last message was not eager"
+        );
+        let b = p.isend(sbuf(8, 8, 3)).unwrap().unwrap();
+        p.deliver_all();
+        assert_eq!(p.received(next), Some(vec![8]));
+        assert!(is_eager(&b), "into the promised copy");
+        p.send.release(b.req);
+        p.recv.release(next);
+        let c = ping(&mut p, 6);
+        assert!(is_eager(&c));
+        assert_eq!(p.cts_writes, cts_before + 2, "quiet again");
+    }
+}
+
+/// An eager send is done once written (its payload is kept in the staging ring), so NCCL may
+/// reuse the buffer before the receiver looked at the message. When the quiet receive turns out
+/// smaller than the message, the message goes again by rendezvous from the kept copy,
+/// truncated, and the slot frees itself once that write completed.
+#[test]
+fn a_refused_eager_message_goes_again_from_the_kept_copy_after_its_send_completed() {
+    let mut p = quiet_after(4);
+    let dst = dst_of(4);
+    let slot = p.irecv(&[rbuf(dst, 40, 3)]).unwrap();
+    let src = 4096;
+    let original = p.sender_mem[src..src + 100].to_vec();
+    let a = p.isend(sbuf(src as u64, 100, 3)).unwrap().unwrap();
+    assert!(is_eager(&a));
+    p.deliver_all();
+    assert_eq!(
+        p.send.poll_done(a.req),
+        Some(100),
+        "done with its own write"
+    );
+    p.send.release(a.req);
+    p.sender_mem[src..src + 100].fill(0x5a);
+    p.read_answers().unwrap();
+    p.deliver_all();
+    assert_eq!(p.received(slot), Some(vec![40]), "truncated to the receive");
+    assert_eq!(
+        &p.recv_mem[dst as usize..dst as usize + 40],
+        &original[..40]
+    );
+    assert_eq!(p.recv_mem[dst as usize + 40], 0xee);
+    assert!(
+        p.send.slots.iter().all(Option::is_none),
+        "nothing left in flight"
+    );
+    p.recv.release(slot);
+}
+
+/// Credits bound what the sender may have in flight: with no receive posted, eager sends stop
+/// when the bounce slots the last credit did not return come round again, and go on once
+/// receives complete and a credit arrives.
+#[test]
+fn quiet_eager_sends_stop_until_a_credit_returns_their_bounce_slots() {
+    let mut p = quiet_after(4);
+    let mut sends = Vec::new();
+    while let Some(a) = p.isend(sbuf(8 * sends.len() as u64, 8, 3)).unwrap() {
+        assert!(is_eager(&a));
+        sends.push(a);
+        assert!(sends.len() <= SLOTS, "more in flight than bounce slots");
+    }
+    assert!(
+        sends.len() >= SLOTS - eager::CREDIT_EVERY as usize,
+        "only {} in flight",
+        sends.len()
+    );
+    p.deliver_all();
+    for (i, a) in sends.iter().enumerate() {
+        assert_eq!(
+            p.sent(a.req),
+            Some(8),
+            "done before any receive: kept copies"
+        );
+        p.send.release(a.req);
+        let dst = dst_of(i as u64);
+        let slot = p.irecv(&[rbuf(dst, 8, 3)]).unwrap();
+        assert_eq!(p.received(slot), Some(vec![8]));
+        assert_delivered(&p, dst, 8 * i as u64, 8);
+        p.recv.release(slot);
+        p.recv_mem[dst as usize..dst as usize + 8].fill(0xee);
+    }
+    let next = p.isend(sbuf(0, 8, 3)).unwrap();
+    assert!(
+        next.as_ref().is_some_and(is_eager),
+        "a credit returned the slots"
+    );
 }

@@ -236,7 +236,14 @@ pub struct Hello {
     pub eager_bytes: u32,
     /// The writer's [`DATA_PATH_REVISION`] (0 from builds before the eager path).
     pub revision: u8,
+    /// Capability: this side takes part in quiet receives (`super::proto::Layout::quiet`).
+    /// Carried in `QUIET_AT`, a byte older builds leave zero and ignore, so they connect with
+    /// the rules they know.
+    pub quiet: bool,
 }
+
+/// Where the quiet-receives capability lies: byte 6 of the first member record (unused there).
+const QUIET_AT: usize = HELLO_MEMBERS_AT + 6;
 
 const HELLO_QPNS_AT: usize = 40;
 const HELLO_MEMBERS_AT: usize = HELLO_QPNS_AT + 4 * MAX_CONNECTION_QPS;
@@ -273,6 +280,7 @@ impl Hello {
             let at = HELLO_MEMBERS_AT + i * Endpoint::LEN;
             m.emit(&mut out[at..at + Endpoint::LEN]);
         }
+        out[QUIET_AT] = u8::from(self.quiet);
         out
     }
 
@@ -337,6 +345,7 @@ impl Hello {
             split_data: b[7] != 0,
             eager_bytes,
             revision,
+            quiet: b[QUIET_AT] & 1 != 0,
         })
     }
 
@@ -524,6 +533,7 @@ mod tests {
             split_data: true,
             eager_bytes: 4096,
             revision: DATA_PATH_REVISION,
+            quiet: true,
         }
     }
 
@@ -543,6 +553,18 @@ mod tests {
             b[at] = value;
             assert!(Hello::parse(&b).is_err(), "byte {at} = {value}");
         }
+    }
+
+    /// A build before quiet receives leaves the capability's byte zero (and ignores ours): its
+    /// hello parses as one without them, everything else the same.
+    #[test]
+    fn a_hello_without_the_quiet_capability_is_an_older_peer_with_eager_messages_only() {
+        let mut h = hello(Role::Connect, 0x100);
+        let mut b = h.emit();
+        assert_eq!(b[QUIET_AT], 1);
+        b[QUIET_AT] = 0;
+        h.quiet = false;
+        assert_eq!(Hello::parse(&b).unwrap(), h);
     }
 
     #[test]

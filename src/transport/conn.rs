@@ -18,23 +18,34 @@ use crate::verbs::{
 
 /// Bytes of the sender's CTS ring: one slot of `MAX_RECVS` entries per message slot.
 pub(super) const CTS_RING_BYTES: usize = SLOTS * MAX_RECVS * Cts::LEN;
+/// Where the receiver's credit word lies in the sender's ring region (quiet receives, see
+/// `core::proto`): right behind the ring, on a line of its own.
+pub(super) const CREDIT_OFFSET: usize = CTS_RING_BYTES;
+/// Bytes of the sender's ring region: the ring and the credit's line.
+pub(super) const CTS_REGION_BYTES: usize = CTS_RING_BYTES + Cts::LEN;
 /// Bytes of the receiver's CTS staging: two rings, alternating by round of the message ring.
 /// A receive that copied an eager message completes without the sender, so the next receive in
 /// its slot (a ring later) may be posted before the NIC read the answer out of staging; it must
 /// not rewrite those bytes. The receive two rings later is posted only once the sender saw this
 /// answer or the next one in the slot (written after it on the same QP).
 pub(super) const CTS_STAGING_BYTES: usize = 2 * CTS_RING_BYTES;
+/// Where the receiver stages its credit word: behind the two rings. Rewritten while a post of
+/// it may not have been read yet, which is harmless: credits only grow, and each is true when
+/// staged.
+pub(super) const CREDIT_STAGING: usize = CTS_STAGING_BYTES;
+/// Bytes of the receiver's staging region: the two rings and the credit word.
+pub(super) const CTS_STAGING_REGION_BYTES: usize = CREDIT_STAGING + 8;
 /// Bytes of one slot of the receiver's sizes ring (`MAX_RECVS` u64 sizes).
 pub(super) const SIZES_SLOT_BYTES: usize = MAX_RECVS * 8;
 /// Bytes of the sizes ring.
 pub(super) const SIZES_RING_BYTES: usize = SLOTS * SIZES_SLOT_BYTES;
 
 /// How a connection's eager path came out of the handshake, for its debug line.
-pub(super) fn describe_eager(eager_bytes: u64) -> String {
-    if eager_bytes == 0 {
-        "no eager messages".into()
-    } else {
-        format!("eager messages up to {eager_bytes} bytes")
+pub(super) fn describe_eager(eager_bytes: u64, quiet: bool) -> String {
+    match (eager_bytes, quiet) {
+        (0, _) => "no eager messages".into(),
+        (_, false) => format!("eager messages up to {eager_bytes} bytes, no quiet receives"),
+        (_, true) => format!("eager messages up to {eager_bytes} bytes, quiet receives"),
     }
 }
 
@@ -53,6 +64,12 @@ pub(super) const RECV_QP_CAPS: QpCaps = QpCaps {
     max_send_wr: (2 * SLOTS) as u32,
     max_recv_wr: (2 * SLOTS) as u32,
 };
+
+/// Whether a connection with `eager_bytes` agreed uses quiet receives (`core::proto`): when
+/// both sides offer them (`NCCL_NET_RS_QUIET`).
+pub(super) fn quiet_receives(config: &Config, eager_bytes: u64, peer: &Hello) -> bool {
+    eager_bytes > 0 && config.quiet && peer.quiet
+}
 
 /// The eager message size of a connection of `nqps` QPs whose peer offered `offered` bytes:
 /// this side's `NCCL_NET_RS_EAGER_BYTES` capped by the offer, and 0 on connections of several
@@ -76,10 +93,19 @@ pub fn pinned_bytes_per_connection(config: &Config, members: usize) -> u64 {
     let region = |bytes: usize| (bytes as u64).div_ceil(PAGE) * PAGE;
     let queue = |caps: QpCaps| u64::from(caps.max_send_wr + caps.max_recv_wr) * WQE_BYTES;
     let qps = (members as u64) * u64::from(config.qps_per_connection);
-    let send = region(CTS_RING_BYTES) + region(STAGING_BYTES) + qps * queue(SEND_QP_CAPS);
     let bounce = eager::ring_bytes(agreed_eager_bytes(config, qps as usize, u64::MAX));
+    // With quiet receives, the sender's staging ring for eager payloads matches the bounce ring.
+    let eager_staging = if config.quiet {
+        region(bounce as usize)
+    } else {
+        0
+    };
+    let send = region(CTS_REGION_BYTES)
+        + region(STAGING_BYTES)
+        + eager_staging
+        + qps * queue(SEND_QP_CAPS);
     let mut recv = region(SIZES_RING_BYTES + bounce as usize)
-        + region(CTS_STAGING_BYTES)
+        + region(CTS_STAGING_REGION_BYTES)
         + qps * queue(RECV_QP_CAPS);
     if config.flush_enabled {
         // One flush QP and a 64-byte scratch region per member.
@@ -275,6 +301,7 @@ pub(super) fn local_hello(
         split_data: split,
         eager_bytes: 0,
         revision: DATA_PATH_REVISION,
+        quiet: ctx.config.quiet,
     }
 }
 
@@ -519,13 +546,23 @@ mod tests {
     #[test]
     fn pinned_footprint_counts_rings_queues_and_flush() {
         let config = Config::default();
-        // Send: CTS ring 32 x 8 x 64 B = 4 pages, staging (sizes 2048 B + eager headers 512 B)
-        // -> 1 page, 1153 WQEs of 64 B.
-        let send = 4 * 4096 + 4096 + 1153 * 64;
+        // Send: CTS ring 32 x 8 x 64 B and the credit's line -> 5 pages, staging (sizes
+        // 2048 B + eager headers 512 B) -> 1 page, 1153 WQEs of 64 B.
+        let send = 5 * 4096 + 4096 + 1153 * 64;
         // Receive: sizes ring 2048 B + bounce ring 32 x (16 + 4096) B -> 33 pages, CTS staging
-        // (two rings) 8 pages, 128 WQEs; flush: 128 WQEs and one scratch page.
-        let recv = 33 * 4096 + 8 * 4096 + 128 * 64 + (128 * 64 + 4096);
+        // (two rings and the credit word) 9 pages, 128 WQEs; flush: 128 WQEs and one scratch
+        // page.
+        let recv = 33 * 4096 + 9 * 4096 + 128 * 64 + (128 * 64 + 4096);
         assert_eq!(pinned_bytes_per_connection(&config, 1), send + recv);
+        // Quiet receives: the sender's eager staging ring matches the bounce ring, 33 pages.
+        let quiet = Config {
+            quiet: true,
+            ..Config::default()
+        };
+        assert_eq!(
+            pinned_bytes_per_connection(&quiet, 1),
+            send + 33 * 4096 + recv
+        );
         let no_flush = Config {
             flush_enabled: false,
             qps_per_connection: 2,
@@ -533,7 +570,7 @@ mod tests {
         };
         // Several QPs: no eager path, no bounce ring.
         let two = pinned_bytes_per_connection(&no_flush, 2);
-        // Send 4 + 1 pages, receive 1 + 8 pages.
-        assert_eq!(two, (5 + 9) * 4096 + 4 * (1153 + 128) * 64);
+        // Send 5 + 1 pages, receive 1 + 9 pages.
+        assert_eq!(two, (6 + 10) * 4096 + 4 * (1153 + 128) * 64);
     }
 }

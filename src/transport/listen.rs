@@ -21,6 +21,7 @@ use parking_lot::Mutex;
 use super::DeviceContext;
 use super::conn::random_u64;
 use super::recv::RecvComm;
+use super::watch::Tended;
 use super::watch::Watched;
 use super::wire_io::HandshakeStream;
 use crate::core::error::{Error, Kind, Result};
@@ -108,7 +109,7 @@ impl ListenComm {
     /// For this accept only (the listen comm stays usable): `Remote` when no peer proved itself
     /// before `NCCL_NET_RS_CONNECT_TIMEOUT` or a proven peer vanished; `Config` for an
     /// incompatible peer; `System` for verbs or socket failures.
-    pub fn accept(&self) -> Result<Option<RecvComm>> {
+    pub fn accept(&self) -> Result<Option<Tended<RecvComm>>> {
         let mut acceptor = self.acceptor.lock();
         let now = Instant::now();
         let deadline = *acceptor
@@ -126,7 +127,7 @@ impl ListenComm {
         acceptor: &mut Acceptor,
         now: Instant,
         deadline: Instant,
-    ) -> Result<Option<RecvComm>> {
+    ) -> Result<Option<Tended<RecvComm>>> {
         self.take_new_connections(acceptor, now)?;
         let mut entries = std::mem::take(&mut acceptor.incoming).into_iter();
         for entry in entries.by_ref() {
@@ -139,7 +140,7 @@ impl ListenComm {
                 ),
                 Step::Accepted(comm) => {
                     acceptor.incoming.extend(entries);
-                    return Ok(Some(*comm));
+                    return Tended::new(*comm).map(Some);
                 }
                 Step::Failed(e) => {
                     acceptor.incoming.extend(entries);

@@ -24,4 +24,4 @@ pub use listen::ListenComm;
 pub use mr::{MrCache, MrHandle};
 pub use recv::{RECV_REQUESTS, RecvComm};
 pub use send::{Connecting, SEND_REQUESTS, SendComm};
-pub use watch::DeviceHealth;
+pub use watch::{DeviceHealth, Tended};

@@ -1,6 +1,7 @@
 //! The receiving end of a connection: the receive comm (built by `listen::ListenComm::accept`).
 #![allow(unsafe_code)] // posts NCCL buffers to the NIC (see the transport module doc)
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,14 +9,15 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::conn::{
-    CTS_RING_BYTES, CTS_SIGNAL_EVERY, CTS_STAGING_BYTES, Failure, Nonces, QpSet, RECV_QP_CAPS,
-    SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS, WR_DRAIN, WR_FLUSH, WR_INDEX_MASK, WR_RECV,
-    agreed_eager_bytes, check_alive, check_peer, completion_error, describe_eager, describe_local,
-    describe_remote, local_hello, path_params,
+    CREDIT_OFFSET, CREDIT_STAGING, CTS_RING_BYTES, CTS_SIGNAL_EVERY, CTS_STAGING_REGION_BYTES,
+    Failure, Nonces, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS, WR_DRAIN,
+    WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, check_alive, check_peer,
+    completion_error, describe_eager, describe_local, describe_remote, local_hello, path_params,
+    quiet_receives,
 };
 use super::held::{self, PostQueue};
 use super::mr::MrHandle;
-use super::watch::{PeerState, Watched};
+use super::watch::{PeerState, Tend, Watched};
 use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
 use crate::core::eager::{self, Announced};
@@ -93,6 +95,11 @@ struct RecvState {
     completed_any: bool,
     cts_posted: u64,
     flushes: Vec<FlushSlot>,
+    /// Receives posted quietly, oldest first.
+    quiet: VecDeque<u64>,
+    /// Since when no eager message arrived while quiet receives waited, and the latest one
+    /// that had arrived then.
+    quiet_since: Option<(Instant, Option<u64>)>,
 }
 
 /// A connected receive comm.
@@ -164,7 +171,7 @@ impl RecvComm {
             SIZES_RING_BYTES + eager::ring_bytes(eager_bytes) as usize,
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
-        let cts_staging = HostRegion::new(&pds, CTS_STAGING_BYTES, Access::LOCAL_WRITE)?;
+        let cts_staging = HostRegion::new(&pds, CTS_STAGING_REGION_BYTES, Access::LOCAL_WRITE)?;
         let flush = if ctx.config.flush_enabled {
             ctx.ports
                 .iter()
@@ -194,6 +201,7 @@ impl RecvComm {
             local_members: ctx.ports.len(),
             remote_members: remote.members.len(),
             eager_bytes,
+            quiet: quiet_receives(&ctx.config, eager_bytes, remote),
         };
         let local = describe_local(ctx);
         let remote_desc = describe_remote(remote, peer);
@@ -201,7 +209,7 @@ impl RecvComm {
             "recv comm accepted: {remote_desc} -> {local}, {} QPs, {}, {}",
             layout.nqps,
             qps.describe_qos(traffic),
-            describe_eager(eager_bytes)
+            describe_eager(eager_bytes, layout.quiet)
         );
         let answers = qps
             .qps
@@ -227,6 +235,8 @@ impl RecvComm {
                 completed_any: false,
                 cts_posted: 0,
                 flushes: vec![FlushSlot::Free; SLOTS],
+                quiet: VecDeque::with_capacity(SLOTS),
+                quiet_since: None,
             }),
         };
         Ok((comm, hello))
@@ -240,14 +250,16 @@ impl RecvComm {
     /// Before the QPs go: post what the answer queues hold, then a zero-length signaled write
     /// behind it on every QP, and wait (at most [`DRAIN_LIMIT`]) for those completions: the
     /// sender's last request may wait for an acknowledgement still queued here. Skipped when
-    /// nothing was answered, the comm failed, or the sender is gone.
+    /// nothing was answered, the comm failed, or the sender is gone; ends early when the sender
+    /// closes meanwhile (a write to its closed QP would wait out the limit unanswered).
     fn drain_answers(&mut self) {
         let st = self.state.get_mut();
-        let sender_alive = self
-            .link
-            .as_ref()
-            .is_some_and(|l| l.link().state() == PeerState::Alive);
-        if st.cts_posted == 0 || st.failed.check().is_err() || !sender_alive {
+        let sender_alive = || {
+            self.link
+                .as_ref()
+                .is_some_and(|l| l.link().state() == PeerState::Alive)
+        };
+        if st.cts_posted == 0 || st.failed.check().is_err() || !sender_alive() {
             return;
         }
         let layout = st.proto.layout();
@@ -268,7 +280,7 @@ impl RecvComm {
             }
         }
         let deadline = Instant::now() + DRAIN_LIMIT;
-        while waiting > 0 && Instant::now() < deadline {
+        while waiting > 0 && Instant::now() < deadline && sender_alive() {
             let polled = self.qps.drain(|_, c| {
                 if !c.is_ok() {
                     waiting = 0;
@@ -313,7 +325,7 @@ impl RecvComm {
                 self.progress(&mut st)?;
             }
         }
-        let Some((_, cts)) = st.proto.irecv(bufs)? else {
+        let Some((seq, cts)) = st.proto.irecv(bufs)? else {
             // NCCL calls again until it gets a request: that loop must end when the sender is
             // gone. (A receive that was posted learns of it in `test`.)
             if let Err(e) = self.check_alive() {
@@ -321,12 +333,62 @@ impl RecvComm {
             }
             return Ok(None);
         };
+        if cts.answer.is_none() && cts.copy.is_none() {
+            st.quiet.push_back(seq);
+        }
         // SAFETY: forwarded from this function's contract (the copy's destination is one of
         // `bufs`).
-        match unsafe { self.answer(&mut st, &cts, bufs) } {
+        let written = unsafe { self.answer(&mut st, &cts, bufs) }
+            .and_then(|()| self.owed_writes(&mut st, cts.answer.is_some()));
+        match written {
             Ok(()) => Ok(Some(cts.slot)),
             Err(e) => Err(st.failed.record(e)),
         }
+    }
+
+    /// With quiet receives, write what the receiver owes the sender after handling something
+    /// (`answered`: a CTS just went out): the CTS of receives that stopped being quiet, and the
+    /// credit when one is due.
+    fn owed_writes(&self, st: &mut RecvState, answered: bool) -> Result<()> {
+        if !st.proto.layout().quiet {
+            return Ok(());
+        }
+        let mut answering = answered;
+        while let Some((cts, buf)) = st.proto.late_answer() {
+            // SAFETY: a late answer copies nothing and posts no receive.
+            unsafe { self.answer(st, &cts, std::slice::from_ref(&buf)) }?;
+            answering = true;
+        }
+        match st.proto.credit_due(answering) {
+            Some(credit) => self.write_credit(st, credit),
+            None => Ok(()),
+        }
+    }
+
+    /// RDMA-write `credit` into the sender's credit word.
+    fn write_credit(&self, st: &mut RecvState, credit: u64) -> Result<()> {
+        self.cts_staging
+            .write(CREDIT_STAGING, &credit.to_le_bytes());
+        let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
+        st.cts_posted += 1;
+        let layout = st.proto.layout();
+        // A connection with quiet receives has one QP.
+        let wr = WorkRequest {
+            wr_id: WR_CTS,
+            op: Op::Write,
+            local: Sge {
+                addr: self.cts_staging.addr(CREDIT_STAGING),
+                len: 8,
+                lkey: self.cts_staging.mr(layout.local_member(0)).lkey(),
+            },
+            tail: Sge::default(),
+            remote_addr: self.remote_ring_addr + CREDIT_OFFSET as u64,
+            rkey: self.remote_ring_rkeys[layout.remote_member(0)],
+            signaled,
+        };
+        // SAFETY: the staged word may be rewritten before the NIC reads it, with a larger
+        // credit, which is as true (see `CREDIT_STAGING`).
+        unsafe { self.answers[0].submit(false, |b| b.push(&wr)) }
     }
 
     /// Post the receives of `cts`, copy its eager message, and write its entries (for the
@@ -344,7 +406,10 @@ impl RecvComm {
             // SAFETY: forwarded from this function's contract.
             unsafe { self.copy_eager(layout, copy) };
         }
-        let round = usize::from((cts.answer.seq() / SLOTS as u64) % 2 == 1);
+        let Some(answer) = cts.answer else {
+            return Ok(());
+        };
+        let round = usize::from((answer.seq() / SLOTS as u64) % 2 == 1);
         let staged = round * CTS_RING_BYTES;
         let mut n = 0;
         for (i, entry) in cts.entries(bufs).enumerate() {
@@ -523,7 +588,38 @@ impl RecvComm {
     }
 
     fn progress(&self, st: &mut RecvState) -> Result<()> {
-        self.qps.drain(|member, c| self.handle(st, member, c))
+        self.qps.drain(|member, c| self.handle(st, member, c))?;
+        if !st.quiet.is_empty() {
+            self.announce_overdue(st);
+        }
+        self.owed_writes(st, false).map_err(|e| st.failed.record(e))
+    }
+
+    /// When no eager message arrived for `NCCL_NET_RS_QUIET_WAIT_US` while quiet receives
+    /// wait, they write their CTS: the sender may hold a message that cannot go eagerly.
+    /// (Receives posted ahead of eager messages that keep coming stay quiet.) The default, 200
+    /// us, is several round trips of a slow device, so that a ping-pong of small messages stays
+    /// quiet, and short next to what a message that cannot go eagerly then waits.
+    fn announce_overdue(&self, st: &mut RecvState) {
+        let proto = &st.proto;
+        st.quiet.retain(|&seq| proto.is_quiet(seq));
+        if st.quiet.is_empty() {
+            st.quiet_since = None;
+            return;
+        }
+        let seen = st.proto.last_eager();
+        let now = Instant::now();
+        match st.quiet_since {
+            Some((since, at)) if at == seen => {
+                if now.duration_since(since) >= self.ctx.config.quiet_wait {
+                    for seq in st.quiet.drain(..) {
+                        st.proto.announce(seq);
+                    }
+                    st.quiet_since = None;
+                }
+            }
+            _ => st.quiet_since = Some((now, seen)),
+        }
     }
 
     /// An eager message landed in its bounce slot: read its header, hand it to the protocol,
@@ -587,6 +683,39 @@ impl RecvComm {
 
 impl Drop for RecvComm {
     fn drop(&mut self) {
+        let mut st = self.state.lock();
+        if st.failed.check().is_ok()
+            && let Some(credit) = st.proto.final_credit()
+        {
+            // The sender's comm may be waiting for it to let go of its kept copies; written
+            // before the drain, which confirms it.
+            if let Err(e) = self.write_credit(&mut st, credit) {
+                tracing::debug!(
+                    "closing the recv comm from {}: final credit: {e}",
+                    self.remote
+                );
+            }
+        }
+        drop(st);
         self.drain_answers();
+    }
+}
+
+/// A quiet receive writes its CTS only when no eager message comes for a while: the
+/// sender may hold a message that cannot go eagerly, and NCCL may make no further call on this
+/// comm until it arrives (it waits on another comm, or outside the plugin).
+impl Tend for RecvComm {
+    fn wants_tending(&self) -> bool {
+        self.state.lock().proto.layout().quiet
+    }
+
+    fn tend(&self) {
+        let Some(mut st) = self.state.try_lock() else {
+            return;
+        };
+        if st.failed.check().is_ok() && !st.quiet.is_empty() {
+            // A failure is recorded in the comm and reported at its next call.
+            let _ = self.progress(&mut st);
+        }
     }
 }

@@ -9,21 +9,22 @@ use parking_lot::Mutex;
 
 use super::DeviceContext;
 use super::conn::{
-    CTS_RING_BYTES, Failure, Nonces, QpSet, SEND_QP_CAPS, SIZES_RING_BYTES, SIZES_SLOT_BYTES,
-    STAGING_BYTES, WR_DATA, WR_INDEX_MASK, WR_SEND_DONE, agreed_eager_bytes, check_alive,
-    check_peer, completion_error, connection_qps, describe_eager, describe_local, describe_remote,
-    local_hello, random_u64,
+    CREDIT_OFFSET, CTS_REGION_BYTES, Failure, Nonces, QpSet, SEND_QP_CAPS, SIZES_RING_BYTES,
+    SIZES_SLOT_BYTES, STAGING_BYTES, WR_DATA, WR_INDEX_MASK, WR_SEND_DONE, agreed_eager_bytes,
+    check_alive, check_peer, completion_error, connection_qps, describe_eager, describe_local,
+    describe_remote, local_hello, quiet_receives, random_u64,
 };
 use super::held::{Builder, PostQueue};
 use super::mr::MrHandle;
-use super::watch::Watched;
+use super::watch::{Tend, Tended, Watched};
 use super::wire_io::HandshakeStream;
+use crate::core::config::MAX_FUSED_MEMBERS;
 use crate::core::config::Traffic;
 use crate::core::eager;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::group::Group;
 use crate::core::proto::{
-    CtsLayout, Layout, Post, RdmaWrite, SendBuf, SendSide, SingleSend, check_message_size,
+    CtsLayout, Layout, Post, RdmaWrite, SendBuf, SendSide, SingleSend, Staging, check_message_size,
 };
 use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS, Role};
 use crate::verbs::{Access, Completion, HostRegion, Op, Sge, WorkRequest};
@@ -32,6 +33,10 @@ pub use crate::core::proto::SEND_REQUESTS;
 
 /// How long one attempt to open the TCP connection may block an NCCL call.
 const DIAL_ATTEMPT: Duration = Duration::from_millis(100);
+
+/// How long a closed send comm keeps delivering messages NCCL already saw done (see
+/// [`SendComm::close`]).
+const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
 /// Resources built once the TCP connection is up, before the peer answered.
 #[derive(Debug)]
@@ -91,7 +96,7 @@ impl Connecting {
     /// # Errors
     /// `Remote` when the peer refuses, closes, or misses the deadline; `Config` when the peer's
     /// setup is incompatible; `System` for verbs failures.
-    pub fn progress(&mut self) -> Result<Option<SendComm>> {
+    pub fn progress(&mut self) -> Result<Option<Tended<SendComm>>> {
         let peer = self.handle.addr;
         loop {
             let stage = self
@@ -153,7 +158,7 @@ impl Connecting {
                     }
                     if stream.flush()? {
                         comm.link = Some(Watched::new(stream.into_stream(), peer)?);
-                        return Ok(Some(*comm));
+                        return Tended::new(*comm).map(Some);
                     }
                     self.stage = Some(Stage::Ready { stream, comm });
                     return Ok(None);
@@ -168,7 +173,7 @@ impl Connecting {
         let qps = QpSet::new(&self.ctx, nqps, SEND_QP_CAPS, Access::REMOTE_WRITE, 0)?;
         let cts_ring = HostRegion::new(
             &self.ctx.pds(),
-            CTS_RING_BYTES,
+            CTS_REGION_BYTES,
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
         let nonces = Nonces {
@@ -199,12 +204,36 @@ impl Connecting {
         pending.qps.connect(&self.ctx, remote, self.traffic)?;
         let staging = HostRegion::new(&self.ctx.pds(), STAGING_BYTES, Access::LOCAL_WRITE)?;
         let nqps = pending.qps.qps.len();
+        let eager_bytes = agreed_eager_bytes(config, nqps, u64::from(remote.eager_bytes));
         let layout = Layout {
             nqps,
             split: config.split_data_on_qps,
             local_members: self.ctx.ports.len(),
             remote_members: remote.members.len(),
-            eager_bytes: agreed_eager_bytes(config, nqps, u64::from(remote.eager_bytes)),
+            eager_bytes,
+            quiet: quiet_receives(config, eager_bytes, remote),
+        };
+        // With quiet receives, eager payloads are copied here before they go (see
+        // `core::proto`).
+        let eager_staging = if layout.quiet {
+            let ring = eager::ring_bytes(eager_bytes) as usize;
+            Some(HostRegion::new(&self.ctx.pds(), ring, Access::LOCAL_WRITE)?)
+        } else {
+            None
+        };
+        let proto = match &eager_staging {
+            Some(region) => {
+                let mut lkeys = [0; MAX_FUSED_MEMBERS];
+                for (member, lkey) in lkeys.iter_mut().enumerate().take(self.ctx.ports.len()) {
+                    *lkey = region.mr(member).lkey();
+                }
+                let staging = Staging {
+                    addr: region.addr(0),
+                    lkeys,
+                };
+                SendSide::with_staging(layout, staging)
+            }
+            None => SendSide::new(layout),
         };
         let local = describe_local(&self.ctx);
         let remote_desc = describe_remote(remote, peer);
@@ -212,7 +241,7 @@ impl Connecting {
             "send comm connected: {local} -> {remote_desc}, {} QPs, {}, {}",
             layout.nqps,
             pending.qps.describe_qos(self.traffic),
-            describe_eager(layout.eager_bytes)
+            describe_eager(layout.eager_bytes, layout.quiet)
         );
         let posts = pending
             .qps
@@ -227,6 +256,7 @@ impl Connecting {
             cts_ring: pending.cts_ring,
             cts_layout: CtsLayout::with_peer(remote.revision),
             staging,
+            eager_staging,
             remote_sizes_addr: remote.ring_addr,
             remote_sizes_rkeys: remote.members.iter().map(|m| m.ring_rkey).collect(),
             layout,
@@ -234,7 +264,7 @@ impl Connecting {
             remote: remote_desc,
             link: None,
             state: Mutex::new(SendState {
-                proto: SendSide::new(layout),
+                proto,
                 failed: Failure::default(),
                 completed_any: false,
             }),
@@ -262,6 +292,9 @@ pub struct SendComm {
     cts_layout: CtsLayout,
     /// Sizes of grouped messages, then eager headers, as they are written to the receiver.
     staging: HostRegion,
+    /// With quiet receives, each eager message (header and payload) as it goes, kept until the
+    /// receiver has it (`core::proto::Staging`).
+    eager_staging: Option<HostRegion>,
     /// The receiver's sizes ring; its eager bounce ring follows it.
     remote_sizes_addr: u64,
     remote_sizes_rkeys: Vec<u32>,
@@ -375,6 +408,12 @@ impl SendComm {
     /// Messages released together (held sends that each CTS completes) go as one chain per QP,
     /// posted when the ring has nothing more.
     fn read_answers(&self, st: &mut SendState) -> Result<()> {
+        if st.proto.wants_credit() {
+            let credit = self.cts_ring.read_u64_acquire(CREDIT_OFFSET);
+            if let Err(e) = st.proto.handle_credit(credit) {
+                return Err(st.failed.record(e));
+            }
+        }
         let mut released = false;
         let read = loop {
             let Some((seq, slot)) = st.proto.wants_cts() else {
@@ -435,6 +474,50 @@ impl SendComm {
     /// `Err` once the device failed or the receiver is gone (closed its comm, or its process).
     fn check_alive(&self) -> Result<()> {
         check_alive(&self.ctx, self.link.as_ref(), "receive comm")
+    }
+
+    /// Close: at once, unless messages whose requests NCCL saw done still need this comm (an
+    /// eager message the receiver may refuse is written again from the kept copy): then a
+    /// thread keeps it going until they are delivered, the receiver closes or fails, or
+    /// `SETTLE_LIMIT` (60 s) passes, so that closing never waits on the peer.
+    pub fn close(self) {
+        let owed = {
+            let st = self.state.lock();
+            st.proto.undelivered() && st.failed.check().is_ok()
+        };
+        if !owed || self.check_alive().is_err() {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("nccl-net-rs close".into())
+            .spawn(move || self.settle());
+        if let Err(e) = spawned {
+            tracing::warn!("closing a send comm: no thread to deliver its last messages: {e}");
+        }
+    }
+
+    fn settle(self) {
+        let deadline = Instant::now() + SETTLE_LIMIT;
+        loop {
+            {
+                let mut st = self.state.lock();
+                if self.deliver(&mut st).is_err()
+                    || !st.proto.undelivered()
+                    || self.check_alive().is_err()
+                {
+                    return;
+                }
+            }
+            if Instant::now() > deadline {
+                tracing::warn!(
+                    "closed send comm to {}: messages still undelivered after {SETTLE_LIMIT:?}, \
+                     dropped",
+                    self.remote
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Hand the ring slot's entries to `take` once all of them carry `seq + 1` (the count may
@@ -515,48 +598,83 @@ impl SendComm {
                 signaled,
             })
         };
-        let wr = match *p {
-            Post::Write(w) => request(&w, WR_DATA, Op::Write, false)?,
-            Post::WriteImm { write, imm, slot } => {
+        let wr = match (*p, self.eager_staging.as_ref()) {
+            (Post::Write(w), _) => request(&w, WR_DATA, Op::Write, false)?,
+            (Post::WriteImm { write, imm, slot }, _) => {
                 request(&write, WR_SEND_DONE | slot as u64, Op::WriteImm(imm), true)?
             }
-            Post::Eager {
-                qp,
-                slot,
-                seq,
-                tag,
-                local_addr,
-                lkey,
-                len,
-                imm,
-            } => {
-                // Header and payload in one write: the header from staging, the payload
-                // gathered behind it into the bounce slot.
+            (
+                Post::Eager {
+                    qp,
+                    slot,
+                    seq,
+                    tag,
+                    local_addr,
+                    lkey,
+                    len,
+                    imm,
+                },
+                ring,
+            ) => {
+                // Header and payload in one write into the bounce slot.
                 let (local, remote) = (self.layout.local_member(qp), self.layout.remote_member(qp));
-                let staged = SIZES_RING_BYTES + slot * eager::HEADER_BYTES;
-                self.staging.write(staged, &eager::header(seq, tag));
-                let bounce = self.remote_sizes_addr
-                    + SIZES_RING_BYTES as u64
-                    + eager::slot_offset(slot, self.layout.eager_bytes);
+                let header = eager::header(seq, tag);
+                let len = u32::try_from(len).unwrap_or(0);
+                let (head, tail) = match ring {
+                    // Quiet receives: both copied into the slot's staging and written from
+                    // there; the send is done once written, the copy stays for a refusal.
+                    Some(ring) => {
+                        let at = eager::slot_offset(slot, self.layout.eager_bytes) as usize;
+                        ring.write(at, &header);
+                        // SAFETY: isend's contract: a host-memory send buffer of `len` bytes,
+                        // readable until the send is done; this staging slot is written again
+                        // only once the receiver read the message it held (credit or answer)
+                        // and its own write completed.
+                        unsafe {
+                            ring.copy_from(
+                                at + eager::HEADER_BYTES,
+                                local_addr as *const u8,
+                                len as usize,
+                            );
+                        }
+                        let whole = Sge {
+                            addr: ring.addr(at),
+                            len: eager::HEADER_BYTES as u32 + len,
+                            lkey: ring.mr(local).lkey(),
+                        };
+                        (whole, Sge::default())
+                    }
+                    // The header from staging, the payload gathered behind it from NCCL's
+                    // buffer.
+                    None => {
+                        let staged = SIZES_RING_BYTES + slot * eager::HEADER_BYTES;
+                        self.staging.write(staged, &header);
+                        let head = Sge {
+                            addr: self.staging.addr(staged),
+                            len: eager::HEADER_BYTES as u32,
+                            lkey: self.staging.mr(local).lkey(),
+                        };
+                        let payload = Sge {
+                            addr: local_addr,
+                            len,
+                            lkey,
+                        };
+                        (head, payload)
+                    }
+                };
                 WorkRequest {
                     wr_id: WR_SEND_DONE | slot as u64,
                     op: Op::WriteImm(imm),
-                    local: Sge {
-                        addr: self.staging.addr(staged),
-                        len: eager::HEADER_BYTES as u32,
-                        lkey: self.staging.mr(local).lkey(),
-                    },
-                    tail: Sge {
-                        addr: local_addr,
-                        len: u32::try_from(len).unwrap_or(0),
-                        lkey,
-                    },
-                    remote_addr: bounce,
+                    local: head,
+                    tail,
+                    remote_addr: self.remote_sizes_addr
+                        + SIZES_RING_BYTES as u64
+                        + eager::slot_offset(slot, self.layout.eager_bytes),
                     rkey: self.remote_sizes_rkeys[remote],
                     signaled: true,
                 }
             }
-            Post::Sizes { qp, slot, sizes } => {
+            (Post::Sizes { qp, slot, sizes }, _) => {
                 let mut bytes = [0u8; SIZES_SLOT_BYTES];
                 for (chunk, size) in bytes.chunks_exact_mut(8).zip(sizes) {
                     chunk.copy_from_slice(&size.to_le_bytes());
@@ -581,6 +699,13 @@ impl SendComm {
         self.qps.drain(|_, c| self.handle(st, c))
     }
 
+    /// Progress without a request to poll: completions, then the answers and credit, which
+    /// write refused eager messages again from their kept copies.
+    fn deliver(&self, st: &mut SendState) -> Result<()> {
+        self.progress(st)?;
+        self.read_answers(st)
+    }
+
     fn handle(&self, st: &mut SendState, c: &Completion) -> Result<()> {
         if !c.is_ok() {
             let e = completion_error(
@@ -601,5 +726,24 @@ impl SendComm {
             }
         }
         Ok(())
+    }
+}
+
+/// With quiet receives, an eager send is done before the receiver took it: when it refuses it
+/// (a smaller or grouped receive, another tag), the comm must write it again even if NCCL makes
+/// no further call on it.
+impl Tend for SendComm {
+    fn wants_tending(&self) -> bool {
+        self.layout.quiet
+    }
+
+    fn tend(&self) {
+        let Some(mut st) = self.state.try_lock() else {
+            return;
+        };
+        if st.failed.check().is_ok() && st.proto.undelivered() {
+            // A failure is recorded in the comm and reported at its next call.
+            let _ = self.deliver(&mut st);
+        }
     }
 }

@@ -12,6 +12,12 @@
 //!
 //! - **Held posts.** While any comm may hold posts for a batch (`NCCL_NET_RS_BATCH=1`), it
 //!   wakes every [`held::HOLD_LIMIT`] and posts what is still held (see `held`).
+//! - **Tended comms.** A comm whose progress may not wait for its client's next call (quiet
+//!   receives, see `core::proto`: a receive that writes its CTS only when no eager message
+//!   comes, a sender that writes a refused eager message again from its kept copy) is tended:
+//!   while any exists, the thread wakes at the same tick and lets each make the progress that is
+//!   due ([`Tend::tend`]), so a client that posts and then waits elsewhere (a barrier, another
+//!   library, another comm) never leaves its peer waiting for good.
 //!
 //! The thread is started by the first registration and blocks in `epoll_wait` when idle. With
 //! `-z nodelete` the library is never unmapped under it.
@@ -19,10 +25,11 @@
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::ops::Deref;
 use std::os::fd::{AsRawFd, RawFd};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use once_cell::sync::OnceCell;
@@ -306,6 +313,80 @@ impl DeviceHealth {
     }
 }
 
+/// A comm that may owe its peer progress while its client makes no call.
+pub trait Tend: Send + Sync + 'static {
+    /// Whether the comm may ever need tending (decided at connect).
+    fn wants_tending(&self) -> bool;
+    /// Make the progress that is due; called by the watcher thread at every tick. Must not
+    /// block: a comm busy in its client's call is left to that call.
+    fn tend(&self);
+}
+
+/// A comm the watcher tends while it exists (when it wants tending): what NCCL holds.
+#[derive(Debug)]
+pub struct Tended<C: Tend> {
+    comm: Arc<C>,
+    tending: Option<Tending>,
+}
+
+/// A comm's place in the watcher's tending list; dropping it takes the comm off.
+#[derive(Debug)]
+struct Tending(u64);
+
+impl Drop for Tending {
+    fn drop(&mut self) {
+        if let Some(w) = WATCHER.get() {
+            w.tended.lock().remove(&self.0);
+        }
+    }
+}
+
+impl<C: Tend> Tended<C> {
+    /// Hand `comm` to the watcher when it wants tending.
+    ///
+    /// # Errors
+    /// `System` when the watcher cannot be started.
+    pub(super) fn new(comm: C) -> Result<Self> {
+        let comm = Arc::new(comm);
+        let tending = if comm.wants_tending() {
+            let watcher = Watcher::get()?;
+            let key = watcher.next_key.fetch_add(1, Ordering::Relaxed);
+            let weak: Weak<C> = Arc::downgrade(&comm);
+            watcher.tended.lock().insert(key, weak);
+            // Its tick starts now, not at the next timeout.
+            watcher.wake.notify();
+            Some(Tending(key))
+        } else {
+            None
+        };
+        Ok(Self { comm, tending })
+    }
+
+    /// The comm, off the tending list, once the watcher let go of it (a tick holds it for a
+    /// moment): closing it then frees its resources in the closing call.
+    pub fn into_inner(self) -> C {
+        let Self { mut comm, tending } = self;
+        drop(tending);
+        loop {
+            match Arc::try_unwrap(comm) {
+                Ok(inner) => return inner,
+                Err(shared) => {
+                    comm = shared;
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+impl<C: Tend> Deref for Tended<C> {
+    type Target = C;
+
+    fn deref(&self) -> &C {
+        &self.comm
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Target {
     Link(Arc<PeerLink>),
@@ -326,6 +407,8 @@ struct Watcher {
     epoll: Epoll,
     targets: Mutex<HashMap<u64, Target>>,
     next_key: AtomicU64,
+    /// Comms to tend at every tick.
+    tended: Mutex<HashMap<u64, Weak<dyn Tend>>>,
     /// Wakes the thread to recompute its timeout (watched under [`WAKE_KEY`]).
     wake: EventFd,
 }
@@ -350,6 +433,7 @@ impl Watcher {
                 epoll: Epoll::new()?,
                 targets: Mutex::default(),
                 next_key: AtomicU64::new(WAKE_KEY + 1),
+                tended: Mutex::default(),
                 wake: EventFd::new()?,
             };
             watcher.epoll.add(watcher.wake.raw(), WAKE_KEY)?;
@@ -393,16 +477,31 @@ impl Watcher {
         }
     }
 
+    /// Let every tended comm make its due progress (outside the list's lock: a comm that
+    /// closes meanwhile waits only for this tick).
+    fn tend_all(&self) {
+        let comms: Vec<Arc<dyn Tend>> = self
+            .tended
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for comm in comms {
+            comm.tend();
+        }
+    }
+
     fn run(&self) {
         let mut keys = Vec::new();
         loop {
-            let timeout_ms = if held::any_registered() {
+            let timeout_ms = if held::any_registered() || !self.tended.lock().is_empty() {
                 i32::try_from(held::HOLD_LIMIT.as_millis()).unwrap_or(1)
             } else {
                 1000
             };
             let waited = self.epoll.wait(&mut keys, timeout_ms);
             held::flush_all();
+            self.tend_all();
             if let Err(e) = waited {
                 tracing::warn!("NET/{PLUGIN_NAME}: watcher: {e}");
                 std::thread::sleep(Duration::from_millis(100));

@@ -398,6 +398,19 @@ impl HostRegion {
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
     }
 
+    /// Copy `len` bytes from `src` into the region at `offset` (memory the NIC reads after a
+    /// later post).
+    ///
+    /// # Safety
+    /// `src..src + len` must be valid for reads and must not overlap the region; the NIC must
+    /// not be reading the bytes replaced (the protocol holds it off them).
+    pub unsafe fn copy_from(&self, offset: usize, src: *const u8, len: usize) {
+        let dst = self.at(offset, len);
+        // SAFETY: the destination is in bounds (checked by `at`); the rest is the caller's
+        // contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+    }
+
     /// Copy `N` bytes out of the region at `offset`, once the NIC finished writing them: after
     /// the completion of the write that carried them, or after [`Self::read_u64_acquire`]
     /// saw the word the peer writes with them. (A plain copy: a volatile `[u8; N]` read is

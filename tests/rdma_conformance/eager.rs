@@ -1,14 +1,15 @@
 //! The eager path (`core::eager`): small host-memory sends that move before their receive is
 //! posted, the receive that copies them, and every case where the rendezvous protocol takes over
 //! (over the threshold, CUDA-typed registrations, grouped receives, a peer without the eager
-//! path). Each connection first carries one message by rendezvous (eager sends follow the tag of
-//! the last receive); then rank 0 receives and posts nothing for `LATE`, so the sender's calls in
-//! that window cannot have seen a clear-to-send: a request that starts there went eager, a NULL
-//! request is the rendezvous protocol waiting for its CTS.
+//! path). Each connection first carries one message into a receive whose CTS is there (eager
+//! sends follow the tag of the last receive); then rank 0 receives and posts nothing for `LATE`,
+//! so the sender's calls in that window cannot have seen a clear-to-send: a request that starts
+//! there went eager, a NULL request is the rendezvous protocol waiting for its CTS.
 
 use std::ffi::c_void;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use nccl_net::core::eager::CREDIT_EVERY;
 use nccl_net::core::proto::SLOTS;
 use nccl_net::driver::NCCL_PTR_CUDA;
 
@@ -19,6 +20,14 @@ use crate::{Cx, Scenario, recv_each, send_each};
 const LATE: Duration = Duration::from_secs(3);
 /// The default `NCCL_NET_RS_EAGER_BYTES`.
 const THRESHOLD: usize = 4096;
+
+/// Both sides offer quiet receives (`NCCL_NET_RS_QUIET=1` in the scenario's environment).
+const QUIET: &[&[(&str, &str)]] = &[&[("NCCL_NET_RS_QUIET", "1")]];
+
+/// Whether this rank's plugin offers quiet receives.
+fn quiet_here() -> bool {
+    std::env::var("NCCL_NET_RS_QUIET").as_deref() == Ok("1")
+}
 
 /// The first message of a connection, for `tag`: by rendezvous, so the sender learns the tag.
 fn warm_up(cx: &Cx, comm: *mut c_void, tag: i32) {
@@ -145,8 +154,10 @@ fn eager_sends_start_before_the_receive_is_posted(cx: &mut Cx) {
 }
 
 /// Four eager sends met by one grouped receive of four buffers for their tag: the sender takes
-/// them back and writes them by rendezvous into the group's buffers, in sending order; the
-/// connection goes on without eager messages (the next small send waits for its CTS).
+/// them back and writes them by rendezvous (from its kept copies: the sends were done once
+/// written) into the group's buffers, in sending order. A small send made before the sender
+/// saw the grouped receive's CTS goes eagerly too and is taken back with them, for the next
+/// receive; every message arrives byte-exact.
 fn grouped_receive_after_eager_sends_falls_back_to_rendezvous(cx: &mut Cx) {
     const CAP: usize = 1024;
     let size_of = |i: usize| 100 * (i + 1) + 7;
@@ -206,7 +217,9 @@ fn grouped_receive_after_eager_sends_falls_back_to_rendezvous(cx: &mut Cx) {
             tag: 0,
             mh,
         };
-        let req = send.after_its_cts(cx, "a small send after a grouped receive");
+        let req = cx
+            .net
+            .isend(send.sc, send.data, send.size, send.tag, send.mh);
         assert_eq!(cx.net.wait(req)[0], 8);
         cx.net.dereg_mr(sc, mh);
         send_each(&cx.net, sc, &[(71, 100_000)], 0);
@@ -265,7 +278,7 @@ fn cuda_typed_registrations_never_take_the_eager_path(cx: &mut Cx) {
         assert_eq!(cx.net.wait(req)[0], LEN as i32);
         // The receiver posts message 1 a while after message 0: it goes before its CTS, and
         // the receiver refuses to copy it into its CUDA-typed buffer (the sender writes it
-        // again by rendezvous while it waits for the request).
+        // again by rendezvous).
         let mut host = pattern(81, LEN);
         let hmh = cx.net.reg_mr(sc, &mut host);
         let send = Send {
@@ -277,26 +290,31 @@ fn cuda_typed_registrations_never_take_the_eager_path(cx: &mut Cx) {
         assert_eq!(cx.net.wait(req)[0], LEN as i32);
         cx.net.dereg_mr(sc, gmh);
         cx.net.dereg_mr(sc, hmh);
+        // Done once written: the closed comm writes it again from its copy once the receiver
+        // refused it (the process stays up meanwhile).
         cx.net.close_send(sc);
+        std::thread::sleep(2 * LATE);
     }
 }
 
-/// One eager message per slot and no receive: the next send waits (no credit) until the
-/// receiver acknowledged one and the sender's `test` saw it done.
+/// Eager messages and no receive: sends start eagerly until the bounce slots run out (at most
+/// one per slot; the credit returns slots every `CREDIT_EVERY` messages, so the last few of the
+/// ring before may still be held), then the next send waits until the receiver took messages
+/// and its credit arrived. `n` messages in all, every one byte-exact.
 fn credits_run_out_after_a_ring_of_eager_messages(cx: &mut Cx) {
     const LEN: usize = 16;
-    let n = SLOTS;
+    let n = SLOTS + 1;
     if cx.rank == 0 {
         let rc = cx.accept_pair();
         warm_up(cx, rc, 0);
         std::thread::sleep(LATE);
-        let msgs: Vec<(u64, usize)> = (0..=n).map(|i| (200 + i as u64, LEN)).collect();
+        let msgs: Vec<(u64, usize)> = (0..n).map(|i| (200 + i as u64, LEN)).collect();
         recv_each(&cx.net, rc, &msgs, 0);
         cx.net.close_recv(rc);
     } else {
         let sc = cx.connect_pair();
         warm_up(cx, sc, 0);
-        let mut buf: Vec<u8> = (0..=n).flat_map(|i| pattern(200 + i as u64, LEN)).collect();
+        let mut buf: Vec<u8> = (0..n).flat_map(|i| pattern(200 + i as u64, LEN)).collect();
         let mh = cx.net.reg_mr(sc, &mut buf);
         let base = buf.as_mut_ptr();
         let send = |i: usize| Send {
@@ -306,14 +324,24 @@ fn credits_run_out_after_a_ring_of_eager_messages(cx: &mut Cx) {
             tag: 0,
             mh,
         };
-        let reqs: Vec<*mut c_void> = (0..n)
-            .map(|i| send(i).eagerly(cx, &format!("eager send {i} of {n}")))
-            .collect();
-        let extra = send(n).once(cx);
-        assert!(extra.is_null(), "send {} has no bounce slot left", n + 1);
-        assert_eq!(cx.net.wait(reqs[0])[0], LEN as i32);
-        let last = cx.net.isend(sc, send(n).data, LEN, 0, mh);
-        for req in reqs.into_iter().skip(1).chain([last]) {
+        let mut reqs: Vec<*mut c_void> = Vec::new();
+        while reqs.len() < n {
+            let req = send(reqs.len()).once(cx);
+            if req.is_null() {
+                break;
+            }
+            reqs.push(req);
+        }
+        let started = reqs.len();
+        assert!(
+            (SLOTS - CREDIT_EVERY as usize..=SLOTS).contains(&started),
+            "{started} eager sends started before the bounce slots ran out"
+        );
+        for req in &reqs {
+            assert_eq!(cx.net.wait(*req)[0], LEN as i32, "an eager send completes");
+        }
+        for i in started..n {
+            let req = cx.net.isend(sc, send(i).data, LEN, 0, mh);
             assert_eq!(cx.net.wait(req)[0], LEN as i32);
         }
         cx.net.dereg_mr(sc, mh);
@@ -321,24 +349,51 @@ fn credits_run_out_after_a_ring_of_eager_messages(cx: &mut Cx) {
     }
 }
 
+/// What the sender of [`truncated_by_rendezvous`] does once its send is done.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum SenderThen {
+    /// Closes its comm before the receive is posted (and its process stays up).
+    Closes,
+    /// Makes no call for a while, its comm open, while the receive is posted.
+    StaysAway,
+}
+
 /// An eager message larger than the receive posted for it is not copied (a copy is only ever
-/// of the whole message): the sender writes it again by rendezvous, truncated to the posted size
-/// as any send (`ncclIbIsend` clamps to the CTS size), and both sides report that size.
-fn an_eager_message_larger_than_its_receive_is_truncated_by_rendezvous(cx: &mut Cx) {
-    const SENT: usize = 3000;
-    const POSTED: usize = 1000;
+/// of the whole message): the sender writes it again by rendezvous (from NCCL's buffer, or with
+/// quiet receives from its kept copy), truncated to the posted size as any send (`ncclIbIsend`
+/// clamps to the CTS size), and the receiver reports that size. With quiet receives the
+/// sender's request was done once its eager write completed, before the receiver saw the
+/// message, so it reports the size it was given (NCCL's own transport, which never sends before
+/// the CTS, reports the clamped size on both sides; NCCL's proxy never uses the size a send
+/// reports: `sendProxyProgress` in src/transport/net.cc reads it into a local it drops).
+fn truncated_by_rendezvous(cx: &mut Cx, then: SenderThen) {
+    const SENT: usize = 1000;
+    const POSTED: usize = 300;
     if cx.rank == 0 {
         let rc = cx.accept_pair();
         warm_up(cx, rc, 4);
-        std::thread::sleep(LATE);
+        // The eager message lands before its receive is posted.
+        std::thread::sleep(match then {
+            SenderThen::Closes => LATE,
+            SenderThen::StaysAway => LATE / 3,
+        });
         let mut buf = vec![0xa5u8; 2 * SENT];
         let mh = cx.net.reg_mr(rc, &mut buf);
+        let started = Instant::now();
         let req = cx.net.irecv(rc, &[(buf.as_mut_ptr(), POSTED, 4, mh)]);
         assert_eq!(
             cx.net.wait(req)[0],
             POSTED as i32,
             "the posted size arrived"
         );
+        if then == SenderThen::StaysAway {
+            assert!(
+                started.elapsed() < LATE,
+                "the receive completed {:?} after it was posted, while the sender slept {:?}",
+                started.elapsed(),
+                2 * LATE
+            );
+        }
         assert!(buf[..POSTED] == pattern(60, SENT)[..POSTED]);
         assert!(
             buf[POSTED..].iter().all(|&b| b == 0xa5),
@@ -359,14 +414,30 @@ fn an_eager_message_larger_than_its_receive_is_truncated_by_rendezvous(cx: &mut 
             mh,
         };
         let req = send.eagerly(cx, "a send under the threshold");
-        assert_eq!(
-            cx.net.wait(req)[0],
-            POSTED as i32,
-            "the sender completes with the truncated size"
-        );
+        // Quiet: done once written, with its own size; else answered, with the posted size.
+        let reported = if quiet_here() { SENT } else { POSTED };
+        assert_eq!(cx.net.wait(req)[0], reported as i32);
+        if then == SenderThen::StaysAway {
+            std::thread::sleep(2 * LATE);
+        }
         cx.net.dereg_mr(sc, mh);
         cx.net.close_send(sc);
+        if then == SenderThen::Closes {
+            // The closed comm delivers the message from its copy once the receiver refused it.
+            std::thread::sleep(2 * LATE);
+        }
     }
+}
+
+fn an_eager_message_larger_than_its_receive_is_truncated_by_rendezvous(cx: &mut Cx) {
+    truncated_by_rendezvous(cx, SenderThen::Closes);
+}
+
+/// With quiet receives the refused message is written again even though the sender's client
+/// makes no further call on the comm (the watcher thread tends it): the receive completes while
+/// the sender sleeps.
+fn a_refused_eager_message_is_written_again_while_its_sender_is_away(cx: &mut Cx) {
+    truncated_by_rendezvous(cx, SenderThen::StaysAway);
 }
 
 /// A peer without the eager path (`NCCL_NET_RS_EAGER_BYTES=0`, which is also what an older
@@ -396,6 +467,44 @@ fn a_peer_without_the_eager_path_gets_rendezvous_only(cx: &mut Cx) {
         assert_eq!(cx.net.wait(req)[0], LEN as i32);
         cx.net.dereg_mr(sc, mh);
         send_each(&cx.net, sc, &[(91, 50_000)], 2);
+        cx.net.close_send(sc);
+    }
+}
+
+/// A quiet receive (posted while eager messages flow, no CTS written) whose client then makes
+/// no call: when no eager message comes, the plugin writes its CTS anyway (the watcher thread
+/// tends the comm), so a send that cannot go eagerly starts and completes while the receiver is
+/// away. NCCL's transport writes every CTS inside `irecv`; a client may rely on a posted receive
+/// needing no further call to let its send start (the proxy may wait on another comm).
+fn a_quiet_receive_is_announced_while_its_client_is_away(cx: &mut Cx) {
+    const BIG: usize = 100_000;
+    let small = [(2, 8), (3, 16), (4, 8)];
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        warm_up(cx, rc, 0);
+        recv_each(&cx.net, rc, &small, 0);
+        let mut buf = vec![0xa5u8; BIG];
+        let mh = cx.net.reg_mr(rc, &mut buf);
+        let req = cx.net.irecv(rc, &[(buf.as_mut_ptr(), BIG, 0, mh)]);
+        std::thread::sleep(LATE);
+        assert_eq!(cx.net.wait(req)[0], BIG as i32);
+        assert!(
+            buf == pattern(5, BIG),
+            "the large message arrived byte-exact"
+        );
+        cx.net.dereg_mr(rc, mh);
+        cx.net.close_recv(rc);
+    } else {
+        let sc = cx.connect_pair();
+        warm_up(cx, sc, 0);
+        send_each(&cx.net, sc, &small, 0);
+        let started = Instant::now();
+        send_each(&cx.net, sc, &[(5, BIG)], 0);
+        assert!(
+            started.elapsed() < LATE / 2,
+            "the send completed {:?} after it was posted, while the receiver slept {LATE:?}",
+            started.elapsed()
+        );
         cx.net.close_send(sc);
     }
 }
@@ -442,6 +551,60 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         ranks: 2,
         run: a_peer_without_the_eager_path_gets_rendezvous_only,
         env: &[&[], &[("NCCL_NET_RS_EAGER_BYTES", "0")]],
+    },
+    Scenario {
+        name: "eager/quiet/sends_start_before_the_receive_is_posted",
+        ranks: 2,
+        run: eager_sends_start_before_the_receive_is_posted,
+        env: QUIET,
+    },
+    Scenario {
+        name: "eager/quiet/grouped_receive_falls_back_to_rendezvous",
+        ranks: 2,
+        run: grouped_receive_after_eager_sends_falls_back_to_rendezvous,
+        env: QUIET,
+    },
+    Scenario {
+        name: "eager/quiet/cuda_typed_registrations_never_take_it",
+        ranks: 2,
+        run: cuda_typed_registrations_never_take_the_eager_path,
+        env: QUIET,
+    },
+    Scenario {
+        name: "eager/quiet/credits_run_out_after_a_ring_of_messages",
+        ranks: 2,
+        run: credits_run_out_after_a_ring_of_eager_messages,
+        env: QUIET,
+    },
+    Scenario {
+        name: "eager/quiet/larger_than_its_receive_is_truncated_by_rendezvous",
+        ranks: 2,
+        run: an_eager_message_larger_than_its_receive_is_truncated_by_rendezvous,
+        env: QUIET,
+    },
+    Scenario {
+        name: "eager/quiet/receive_announced_while_its_client_is_away",
+        ranks: 2,
+        run: a_quiet_receive_is_announced_while_its_client_is_away,
+        env: QUIET,
+    },
+    Scenario {
+        name: "eager/quiet/refused_message_written_again_while_its_sender_is_away",
+        ranks: 2,
+        run: a_refused_eager_message_is_written_again_while_its_sender_is_away,
+        env: QUIET,
+    },
+    Scenario {
+        name: "eager/quiet/offered_by_the_receiver_only",
+        ranks: 2,
+        run: eager_sends_start_before_the_receive_is_posted,
+        env: &[&[("NCCL_NET_RS_QUIET", "1")], &[]],
+    },
+    Scenario {
+        name: "eager/quiet/offered_by_the_sender_only",
+        ranks: 2,
+        run: eager_sends_start_before_the_receive_is_posted,
+        env: &[&[], &[("NCCL_NET_RS_QUIET", "1")]],
     },
     Scenario {
         name: "eager/off_on_several_qps",

@@ -98,6 +98,7 @@ fn intrude(kind: Intruder, addr: SocketAddr) -> Option<TcpStream> {
                 split_data: false,
                 eager_bytes: 0,
                 revision: DATA_PATH_REVISION,
+                quiet: false,
             };
             s.write_all(&hello.emit()).unwrap();
             Some(s)
