@@ -22,9 +22,9 @@
 //! Quiet receives ([`Layout::quiet`], both hellos offer them): while the sender's messages
 //! come eagerly, a single host-memory receive writes nothing at first. The receiver posts a
 //! receive quietly when the latest message arrived eagerly, and writes its CTS only when no
-//! eager message took it within a while ([`RecvSide::announce`]; the glue keeps the time, and
-//! its watcher thread calls it when the client makes no call): a message that cannot go eagerly
-//! (GPU memory, too large, another tag) waits for that CTS, as any send waits for its CTS. An
+//! eager message took it within a while ([`RecvSide::announce_all`]; the glue keeps the time,
+//! and its watcher thread calls it when the client makes no call): a message that cannot go
+//! eagerly (GPU memory, too large, another tag) waits for that CTS, as any send waits for it. An
 //! eager send keeps a copy of its payload in the sender's staging ring, so it completes with
 //! its own write; the receiver returns bounce slots with a cumulative credit
 //! ([`eager::CREDIT_EVERY`]), and a refused message is written again from the copy.
@@ -475,39 +475,46 @@ impl RecvSide {
     }
 
     /// Quiet receive `seq` (if it is one) answers after all, with a CTS the glue writes from
-    /// [`Self::late_answer`]: flagged refused, or a plain CTS that promises the copy. Returns
-    /// whether it was quiet.
-    fn unquiet(&mut self, seq: u64, refused: bool) -> bool {
+    /// [`Self::late_answer`]: flagged refused, or a plain CTS that promises the copy.
+    fn unquiet(&mut self, seq: u64, refused: bool) {
         let Some(s) = self.slots[slot_of(seq)]
             .as_mut()
             .filter(|s| s.seq == seq && s.quiet)
         else {
-            return false;
+            return;
         };
         s.quiet = false;
         s.promised = !refused;
         self.late.push((seq, refused));
         self.answered_waiting += 1;
-        true
     }
 
-    /// Receive `seq`, if still quiet, writes its CTS now (a plain one, which promises the copy):
-    /// no eager message took it within the while the glue waits, so the sender may be holding
-    /// a message that cannot go eagerly. Returns whether it was quiet.
-    pub fn announce(&mut self, seq: u64) -> bool {
-        self.unquiet(seq, false)
+    /// Every receive still quiet writes its CTS now (a plain one, which promises the copy): no
+    /// eager message took them within the while the glue waits, so the sender may be holding a
+    /// message that cannot go eagerly.
+    pub fn announce_all(&mut self) {
+        let quiet: Vec<u64> = self.quiet_receives().collect();
+        for seq in quiet {
+            self.unquiet(seq, false);
+        }
+    }
+
+    /// Whether a receive is posted quietly (no CTS written yet).
+    pub fn has_quiet(&self) -> bool {
+        self.quiet_receives().next().is_some()
+    }
+
+    fn quiet_receives(&self) -> impl Iterator<Item = u64> + '_ {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|s| s.quiet)
+            .map(|s| s.seq)
     }
 
     /// The latest message that arrived eagerly.
     pub fn last_eager(&self) -> Option<u64> {
         self.last_eager
-    }
-
-    /// Whether receive `seq` is posted and quiet.
-    pub fn is_quiet(&self, seq: u64) -> bool {
-        self.slots[slot_of(seq)]
-            .as_ref()
-            .is_some_and(|s| s.seq == seq && s.quiet)
     }
 
     /// A CTS a quiet receive owes the sender now (an eager message it cannot take, a
@@ -1555,22 +1562,24 @@ impl SendSide {
     /// way, and the receiver, seeing an eager message, may post the next receive quietly.
     fn promise_takes(&self, cts: &Cts, buf: &SendBuf) -> bool {
         self.layout.quiet
-            && self.eager
             && cts.nreqs == 1
             && cts.tag == buf.tag
-            && buf.host
-            && buf.size <= self.layout.eager_bytes
             && buf.size <= cts.size
-            && self.unread[slot_of(self.next_seq)].is_none()
-            && self.held.is_empty()
+            && self.eager_may_carry(buf)
     }
 
+    /// Whether an eager send with no CTS yet may carry `buf`, for the tag the sender expects.
     fn eager_fits(&self, buf: &SendBuf) -> bool {
+        self.expected_tag == Some(buf.tag) && self.eager_may_carry(buf)
+    }
+
+    /// What every eager send needs: the eager path still in use, a host-memory buffer within the
+    /// threshold, a bounce slot the receiver has read, and no sends held for renumbering.
+    fn eager_may_carry(&self, buf: &SendBuf) -> bool {
         self.eager
             && self.unread[slot_of(self.next_seq)].is_none()
             && buf.host
             && buf.size <= self.layout.eager_bytes
-            && self.expected_tag == Some(buf.tag)
             && self.held.is_empty()
     }
 

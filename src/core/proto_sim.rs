@@ -151,17 +151,7 @@ impl Pair {
     /// What the receiver's glue does once quiet receives waited long enough: each writes its
     /// CTS.
     fn time_passes(&mut self) {
-        let quiet: Vec<u64> = self
-            .recv
-            .slots
-            .iter()
-            .flatten()
-            .filter(|s| s.quiet)
-            .map(|s| s.seq)
-            .collect();
-        for seq in quiet {
-            assert!(self.recv.announce(seq));
-        }
+        self.recv.announce_all();
         self.receiver_writes(false);
     }
 

@@ -1,7 +1,6 @@
 //! The receiving end of a connection: the receive comm (built by `listen::ListenComm::accept`).
 #![allow(unsafe_code)] // posts NCCL buffers to the NIC (see the transport module doc)
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -95,8 +94,6 @@ struct RecvState {
     completed_any: bool,
     cts_posted: u64,
     flushes: Vec<FlushSlot>,
-    /// Receives posted quietly, oldest first.
-    quiet: VecDeque<u64>,
     /// Since when no eager message arrived while quiet receives waited, and the latest one
     /// that had arrived then.
     quiet_since: Option<(Instant, Option<u64>)>,
@@ -235,7 +232,6 @@ impl RecvComm {
                 completed_any: false,
                 cts_posted: 0,
                 flushes: vec![FlushSlot::Free; SLOTS],
-                quiet: VecDeque::with_capacity(SLOTS),
                 quiet_since: None,
             }),
         };
@@ -325,7 +321,7 @@ impl RecvComm {
                 self.progress(&mut st)?;
             }
         }
-        let Some((seq, cts)) = st.proto.irecv(bufs)? else {
+        let Some((_, cts)) = st.proto.irecv(bufs)? else {
             // NCCL calls again until it gets a request: that loop must end when the sender is
             // gone. (A receive that was posted learns of it in `test`.)
             if let Err(e) = self.check_alive() {
@@ -333,9 +329,6 @@ impl RecvComm {
             }
             return Ok(None);
         };
-        if cts.answer.is_none() && cts.copy.is_none() {
-            st.quiet.push_back(seq);
-        }
         // SAFETY: forwarded from this function's contract (the copy's destination is one of
         // `bufs`).
         let written = unsafe { self.answer(&mut st, &cts, bufs) }
@@ -589,7 +582,7 @@ impl RecvComm {
 
     fn progress(&self, st: &mut RecvState) -> Result<()> {
         self.qps.drain(|member, c| self.handle(st, member, c))?;
-        if !st.quiet.is_empty() {
+        if st.proto.layout().quiet {
             self.announce_overdue(st);
         }
         self.owed_writes(st, false).map_err(|e| st.failed.record(e))
@@ -601,9 +594,7 @@ impl RecvComm {
     /// us, is several round trips of a slow device, so that a ping-pong of small messages stays
     /// quiet, and short next to what a message that cannot go eagerly then waits.
     fn announce_overdue(&self, st: &mut RecvState) {
-        let proto = &st.proto;
-        st.quiet.retain(|&seq| proto.is_quiet(seq));
-        if st.quiet.is_empty() {
+        if !st.proto.has_quiet() {
             st.quiet_since = None;
             return;
         }
@@ -612,9 +603,7 @@ impl RecvComm {
         match st.quiet_since {
             Some((since, at)) if at == seen => {
                 if now.duration_since(since) >= self.ctx.config.quiet_wait {
-                    for seq in st.quiet.drain(..) {
-                        st.proto.announce(seq);
-                    }
+                    st.proto.announce_all();
                     st.quiet_since = None;
                 }
             }
@@ -713,7 +702,7 @@ impl Tend for RecvComm {
         let Some(mut st) = self.state.try_lock() else {
             return;
         };
-        if st.failed.check().is_ok() && !st.quiet.is_empty() {
+        if st.failed.check().is_ok() && st.proto.has_quiet() {
             // A failure is recorded in the comm and reported at its next call.
             let _ = self.progress(&mut st);
         }
