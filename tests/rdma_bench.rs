@@ -193,10 +193,13 @@ fn call_times_split_the_round_trip_per_call() {
             let round_trip = 2.0 * row["lat_us"].as_f64().unwrap();
             for call in ["isend", "irecv", "found_test"] {
                 let us = row["call_us"][call].as_f64().unwrap_or(-1.0);
-                assert!(
-                    us > 0.0 && us < round_trip,
-                    "{call} {us} us ({mode:?}): {row}"
-                );
+                assert!(us > 0.0, "{call} {us} us ({mode:?}): {row}");
+                // Each call lies inside a timed round, so its mean cannot exceed the round's,
+                // except receives posted ahead of the rounds (all of them when preposted, the
+                // first two by default): one slow post there is not bounded by any round.
+                if call != "irecv" || mode == Some("--recv-late") {
+                    assert!(us < round_trip, "{call} {us} us ({mode:?}): {row}");
+                }
             }
         }
     }
