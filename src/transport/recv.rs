@@ -115,6 +115,34 @@ struct QuietWait {
 /// 200 µs default of `NCCL_NET_RS_QUIET_WAIT_US`.
 const QUIET_POLLS_PER_CLOCK_READ: u32 = 32;
 
+impl QuietWait {
+    fn new(seen: Option<u64>) -> Self {
+        Self {
+            seen,
+            polls: 0,
+            since: None,
+        }
+    }
+
+    /// One poll of the wait: whether it has lasted `wait` since its first clock read. `now` is
+    /// called only when the clock is due: every [`QUIET_POLLS_PER_CLOCK_READ`] polls, or at
+    /// once with `clock_due`.
+    fn overdue(&mut self, clock_due: bool, wait: Duration, now: impl FnOnce() -> Instant) -> bool {
+        self.polls = self.polls.wrapping_add(1);
+        if !clock_due && !self.polls.is_multiple_of(QUIET_POLLS_PER_CLOCK_READ) {
+            return false;
+        }
+        let now = now();
+        match self.since {
+            None => {
+                self.since = Some(now);
+                false
+            }
+            Some(since) => now.duration_since(since) >= wait,
+        }
+    }
+}
+
 /// A connected receive comm.
 #[derive(Debug)]
 pub struct RecvComm {
@@ -624,24 +652,11 @@ impl RecvComm {
         let seen = st.proto.last_eager();
         let wait = match &mut st.quiet_wait {
             Some(w) if w.seen == seen => w,
-            other => other.insert(QuietWait {
-                seen,
-                polls: 0,
-                since: None,
-            }),
+            other => other.insert(QuietWait::new(seen)),
         };
-        wait.polls = wait.polls.wrapping_add(1);
-        if !clock_due && !wait.polls.is_multiple_of(QUIET_POLLS_PER_CLOCK_READ) {
-            return;
-        }
-        let now = Instant::now();
-        match wait.since {
-            None => wait.since = Some(now),
-            Some(since) if now.duration_since(since) >= self.ctx.config.quiet_wait => {
-                st.proto.announce_all();
-                st.quiet_wait = None;
-            }
-            Some(_) => {}
+        if wait.overdue(clock_due, self.ctx.config.quiet_wait, Instant::now) {
+            st.proto.announce_all();
+            st.quiet_wait = None;
         }
     }
 
@@ -740,5 +755,68 @@ impl Tend for RecvComm {
             // A failure is recorded in the comm and reported at its next call.
             let _ = self.progress_reading_clock(&mut st, true);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WAIT: Duration = Duration::from_micros(200);
+
+    /// Polls `n` times at `at`, counting the clock reads; whether the last poll found it overdue.
+    fn poll(w: &mut QuietWait, n: u32, clock_due: bool, at: Instant, reads: &mut u32) -> bool {
+        (0..n)
+            .map(|_| {
+                w.overdue(clock_due, WAIT, || {
+                    *reads += 1;
+                    at
+                })
+            })
+            .last()
+            .unwrap_or(false)
+    }
+
+    #[test]
+    fn the_clients_polls_read_the_clock_every_32nd_time() {
+        let t0 = Instant::now();
+        let mut w = QuietWait::new(Some(7));
+        let mut reads = 0;
+        assert!(!poll(&mut w, 100, false, t0, &mut reads));
+        assert_eq!(reads, 3, "reads at polls 32, 64 and 96");
+    }
+
+    #[test]
+    fn the_wait_runs_from_the_first_clock_read() {
+        let t0 = Instant::now();
+        let mut w = QuietWait::new(None);
+        let mut reads = 0;
+        assert!(
+            !poll(&mut w, 32, false, t0, &mut reads),
+            "the first read starts it"
+        );
+        let almost = t0 + WAIT - Duration::from_micros(1);
+        assert!(!poll(&mut w, 32, false, almost, &mut reads));
+        assert!(poll(&mut w, 32, false, t0 + WAIT, &mut reads));
+        assert_eq!(reads, 3);
+    }
+
+    #[test]
+    fn the_watchers_ticks_read_the_clock_each_time() {
+        let t0 = Instant::now();
+        let mut w = QuietWait::new(Some(1));
+        let mut reads = 0;
+        assert!(
+            !poll(&mut w, 1, true, t0, &mut reads),
+            "the first tick starts it"
+        );
+        assert!(poll(
+            &mut w,
+            1,
+            true,
+            t0 + Duration::from_millis(10),
+            &mut reads
+        ));
+        assert_eq!(reads, 2);
     }
 }
