@@ -49,7 +49,8 @@ pair() {
   wait "$server" || { echo "sender ($sender) failed:"; tail -5 "$logs/sender"; status=1; }
   echo "== $name: $sender build sends to the $receiver build"
   grep -hE "^ +[0-9]+ " "$logs/sender" || true
-  grep -hoE "no eager messages|eager messages up to [0-9]+ bytes" "$logs/sender" "$logs/receiver" |
+  grep -hoE "no eager messages|eager messages up to [0-9]+ bytes(, (no )?quiet receives)?" \
+    "$logs/sender" "$logs/receiver" |
     sort | uniq -c || true
 }
 
