@@ -598,33 +598,32 @@ impl SendComm {
                 signaled,
             })
         };
-        let wr = match (*p, self.eager_staging.as_ref()) {
-            (Post::Write(w), _) => request(&w, WR_DATA, Op::Write, false)?,
-            (Post::WriteImm { write, imm, slot }, _) => {
+        let wr = match *p {
+            Post::Write(w) => request(&w, WR_DATA, Op::Write, false)?,
+            Post::WriteImm { write, imm, slot } => {
                 request(&write, WR_SEND_DONE | slot as u64, Op::WriteImm(imm), true)?
             }
-            (
-                Post::Eager {
-                    qp,
-                    slot,
-                    seq,
-                    tag,
-                    local_addr,
-                    lkey,
-                    len,
-                    imm,
-                },
-                ring,
-            ) => {
+            Post::Eager {
+                qp,
+                slot,
+                seq,
+                tag,
+                local_addr,
+                lkey,
+                len,
+                imm,
+            } => {
                 // Header and payload in one write into the bounce slot.
                 let (local, remote) = (self.layout.local_member(qp), self.layout.remote_member(qp));
                 let header = eager::header(seq, tag);
                 let len = u32::try_from(len).unwrap_or(0);
-                let (head, tail) = match ring {
+                // The slot's place in the bounce ring, and in the staging ring that mirrors it.
+                let offset = eager::slot_offset(slot, self.layout.eager_bytes);
+                let (head, tail) = match &self.eager_staging {
                     // Quiet receives: both copied into the slot's staging and written from
                     // there; the send is done once written, the copy stays for a refusal.
                     Some(ring) => {
-                        let at = eager::slot_offset(slot, self.layout.eager_bytes) as usize;
+                        let at = offset as usize;
                         ring.write(at, &header);
                         // SAFETY: isend's contract: a host-memory send buffer of `len` bytes,
                         // readable until the send is done; this staging slot is written again
@@ -667,14 +666,12 @@ impl SendComm {
                     op: Op::WriteImm(imm),
                     local: head,
                     tail,
-                    remote_addr: self.remote_sizes_addr
-                        + SIZES_RING_BYTES as u64
-                        + eager::slot_offset(slot, self.layout.eager_bytes),
+                    remote_addr: self.remote_sizes_addr + SIZES_RING_BYTES as u64 + offset,
                     rkey: self.remote_sizes_rkeys[remote],
                     signaled: true,
                 }
             }
-            (Post::Sizes { qp, slot, sizes }, _) => {
+            Post::Sizes { qp, slot, sizes } => {
                 let mut bytes = [0u8; SIZES_SLOT_BYTES];
                 for (chunk, size) in bytes.chunks_exact_mut(8).zip(sizes) {
                     chunk.copy_from_slice(&size.to_le_bytes());
