@@ -407,16 +407,19 @@ fn group_size(n: c_int) -> Result<usize> {
         .ok_or_else(|| Error::misuse(format!("n={n} (must be 1..={MAX_GROUPED_RECVS})")))
 }
 
-/// `irecv` of `n` buffers whose capacities `sizes` reads (converted by the version).
+/// `irecv` of `n` buffers whose capacities are `sizes`, in the version's type (`int` in v8,
+/// `size_t` from v9), each converted by `capacity` as its buffer is looked at.
 ///
 /// # Safety
 /// NCCL's irecv contract: arrays of `n` elements, buffers writable until `test` reports the
 /// request done, `request` NULL or its out-slot (possibly holding the 0x1 sentinel).
-pub(super) unsafe fn irecv(
+#[allow(clippy::too_many_arguments)] // NCCL's irecv arguments and the version's size type
+pub(super) unsafe fn irecv<S: Copy>(
     recv_comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
-    sizes: impl FnOnce(usize) -> Result<Group<u64>>,
+    sizes: *mut S,
+    capacity: impl Fn(S) -> Result<u64>,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
@@ -430,7 +433,8 @@ pub(super) unsafe fn irecv(
         let comm = unsafe { handles::recv_comm(recv_comm) }?;
         // SAFETY: NCCL passes arrays of `n` elements.
         let data = unsafe { array(data, n, "data") }?;
-        let sizes = sizes(n)?;
+        // SAFETY: as above.
+        let sizes = unsafe { array(sizes, n, "sizes") }?;
         // SAFETY: as above.
         let tags = unsafe { array(tags, n, "tags") }?;
         // SAFETY: as above.
@@ -438,7 +442,7 @@ pub(super) unsafe fn irecv(
         let buf = |i: usize| {
             // SAFETY: NCCL passes back handles regMr returned.
             let mr = unsafe { handles::mr(mhandles[i]) }?;
-            mr.recv_buf(data[i] as u64, sizes[i], tags[i])
+            mr.recv_buf(data[i] as u64, capacity(sizes[i])?, tags[i])
         };
         // A single receive, NCCL's usual case, builds no group of eight.
         let (single, mut group);
@@ -505,26 +509,36 @@ pub(super) unsafe extern "C" fn net_test(
         let done = unsafe { Out::new(done, "done") }?;
         // SAFETY: NCCL passes back a request isend/irecv/iflush returned, before its comm closed.
         let owner = unsafe { handles::request(request) }?;
-        let finished: Option<Group<u64>> = match owner {
-            RequestOwner::Send(h, i) => h.comm.test(i)?.map(Group::one),
-            RequestOwner::Recv(h, i) => h.comm.test(i)?,
+        let finished = match owner {
+            RequestOwner::Send(h, i) => h.comm.test(i)?.map(|size| {
+                // SAFETY: NCCL's sizes array is NULL or has room for a send's one entry.
+                unsafe { report_sizes(sizes, &[size]) };
+            }),
+            RequestOwner::Recv(h, i) => h.comm.test(i)?.map(|group| {
+                // SAFETY: NCCL's sizes array is NULL or has room for one entry per buffer of
+                // the receive (NCCL_PROXY_MAX_SUBS).
+                unsafe { report_sizes(sizes, &group) };
+            }),
         };
-        let Some(finished) = finished else {
-            done.write(0);
-            return Ok(());
-        };
-        if !sizes.is_null() {
-            for (i, size) in finished.iter().enumerate() {
-                // SAFETY: NCCL's sizes array has room for one entry per buffer of the request
-                // (NCCL_PROXY_MAX_SUBS for receives, one for sends).
-                let slot = unsafe { sizes.add(i) };
-                // SAFETY: as above.
-                unsafe { slot.write(clamp_to_c_int(*size)) };
-            }
-        }
-        done.write(1);
+        done.write(c_int::from(finished.is_some()));
         Ok(())
     })
+}
+
+/// Write a finished request's sizes into NCCL's `sizes` array, unless it is NULL.
+///
+/// # Safety
+/// `sizes` is NULL or has room for `finished.len()` entries.
+unsafe fn report_sizes(sizes: *mut c_int, finished: &[u64]) {
+    if sizes.is_null() {
+        return;
+    }
+    for (i, size) in finished.iter().enumerate() {
+        // SAFETY: within the room the caller vouched for.
+        let slot = unsafe { sizes.add(i) };
+        // SAFETY: as above.
+        unsafe { slot.write(clamp_to_c_int(*size)) };
+    }
 }
 
 pub(super) unsafe extern "C" fn net_close_send(send_comm: *mut c_void) -> ncclResult_t {

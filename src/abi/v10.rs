@@ -12,7 +12,7 @@ use super::types::{
     ncclProfilerCallback_t, ncclResult_t,
 };
 use super::v8::net_listen_v8;
-use super::v9::{net_get_properties_v9, net_make_vdevice_v9, sizes_v9};
+use super::v9::{net_get_properties_v9, net_irecv_v9, net_make_vdevice_v9};
 use crate::plugin::{DeviceModel, traffic_class_of};
 
 /// Looked up by NCCL 2.26 and later.
@@ -86,8 +86,6 @@ pub(super) unsafe extern "C" fn net_irecv_v10(
     _phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    // SAFETY: NCCL passes `n` sizes.
-    let sizes = |n| unsafe { sizes_v9(sizes, n) };
-    // SAFETY: forwarded from NCCL (see `entry::irecv`).
-    unsafe { entry::irecv(recv_comm, n, data, sizes, tags, mhandles, request) }
+    // SAFETY: forwarded from NCCL (v9's irecv, without the profiler handles).
+    unsafe { net_irecv_v9(recv_comm, n, data, sizes, tags, mhandles, request) }
 }

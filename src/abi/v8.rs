@@ -98,11 +98,7 @@ pub(super) unsafe extern "C" fn net_irecv_v8(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    let sizes = |n| {
-        // SAFETY: NCCL passes `n` sizes.
-        let sizes = unsafe { entry::array(sizes, n, "sizes") }?;
-        sizes.iter().map(|&s| non_negative(s, "size")).collect()
-    };
+    let capacity = |size| non_negative(size, "size");
     // SAFETY: forwarded from NCCL (see `entry::irecv`).
-    unsafe { entry::irecv(recv_comm, n, data, sizes, tags, mhandles, request) }
+    unsafe { entry::irecv(recv_comm, n, data, sizes, capacity, tags, mhandles, request) }
 }

@@ -13,7 +13,6 @@ use super::types::{
 };
 use super::v8::{net_connect_v8, net_listen_v8};
 use crate::core::error::Result;
-use crate::core::group::Group;
 use crate::plugin::DeviceModel;
 
 /// Looked up by NCCL 2.24 and later.
@@ -77,14 +76,9 @@ pub(super) unsafe extern "C" fn net_isend_v9(
     unsafe { entry::isend(send_comm, data, Ok(size as u64), tag, mhandle, request) }
 }
 
-/// v9+'s `size_t` receive capacities.
-///
-/// # Safety
-/// `sizes` is NULL or points at `n` elements.
-pub(super) unsafe fn sizes_v9(sizes: *mut usize, n: usize) -> Result<Group<u64>> {
-    // SAFETY: forwarded contract.
-    let sizes = unsafe { entry::array(sizes, n, "sizes") }?;
-    Ok(sizes.iter().map(|&s| s as u64).collect())
+/// v9+'s receive capacity (a `size_t`).
+fn capacity_v9(size: usize) -> Result<u64> {
+    Ok(size as u64)
 }
 
 pub(super) unsafe extern "C" fn net_irecv_v9(
@@ -96,10 +90,19 @@ pub(super) unsafe extern "C" fn net_irecv_v9(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    // SAFETY: NCCL passes `n` sizes.
-    let sizes = |n| unsafe { sizes_v9(sizes, n) };
     // SAFETY: forwarded from NCCL (see `entry::irecv`).
-    unsafe { entry::irecv(recv_comm, n, data, sizes, tags, mhandles, request) }
+    unsafe {
+        entry::irecv(
+            recv_comm,
+            n,
+            data,
+            sizes,
+            capacity_v9,
+            tags,
+            mhandles,
+            request,
+        )
+    }
 }
 
 /// v9 to v11's `makeVDevice` (at most four members).

@@ -414,8 +414,6 @@ pub struct RecvSide {
     /// The latest message that completed without an answer (a copy the credit accounts for):
     /// the sender learns of it from a credit only.
     last_silent: Option<u64>,
-    /// Receives whose CTS went out, still waiting for the sender (quiet connections only).
-    answered_waiting: usize,
 }
 
 impl RecvSide {
@@ -434,7 +432,6 @@ impl RecvSide {
             done_through: 0,
             credited: 0,
             last_silent: None,
-            answered_waiting: 0,
         }
     }
 
@@ -486,7 +483,6 @@ impl RecvSide {
         s.quiet = false;
         s.promised = !refused;
         self.late.push((seq, refused));
-        self.answered_waiting += 1;
     }
 
     /// Every receive still quiet writes its CTS now (a plain one, which promises the copy): no
@@ -505,11 +501,21 @@ impl RecvSide {
     }
 
     fn quiet_receives(&self) -> impl Iterator<Item = u64> + '_ {
-        self.slots
-            .iter()
-            .flatten()
-            .filter(|s| s.quiet)
-            .map(|s| s.seq)
+        self.waiting().filter(|(_, s)| s.quiet).map(|(seq, _)| seq)
+    }
+
+    /// The receives whose message has not completed, in message order. None lies before
+    /// [`Self::done_through`] (kept on connections with quiet receives), which only passes
+    /// completed ones, nor a ring before the next: a ping-pong's poll looks at a slot or two.
+    fn waiting(&self) -> impl Iterator<Item = (u64, RecvSlot)> + '_ {
+        let first = self
+            .done_through
+            .max(self.next_seq.saturating_sub(SLOTS as u64));
+        (first..self.next_seq).filter_map(|seq| {
+            self.slots[slot_of(seq)]
+                .filter(|s| s.seq == seq && s.pending > 0)
+                .map(|s| (seq, s))
+        })
     }
 
     /// The latest message that arrived eagerly.
@@ -581,10 +587,15 @@ impl RecvSide {
         let silent = self
             .last_silent
             .is_some_and(|s| s >= self.credited && s < self.done_through);
-        let waiting = self.answered_waiting > 0;
         let eager_since = self.last_eager.is_some_and(|e| e >= self.credited);
         let periodic = eager_since && self.done_through >= self.credited + eager::CREDIT_EVERY;
-        (periodic || (silent && (answering || waiting))).then(|| self.take_credit())
+        (periodic || (silent && (answering || self.answered_waiting()))).then(|| self.take_credit())
+    }
+
+    /// Whether a receive whose CTS went out still waits for its message: the sender may be
+    /// waiting for a credit to get past a silent message before it.
+    fn answered_waiting(&self) -> bool {
+        self.waiting().any(|(_, s)| !s.quiet)
     }
 
     /// `Some` when `imm` announces an eager message on a connection that negotiated them;
@@ -643,8 +654,6 @@ impl RecvSide {
                 let len = a.size;
                 if posted.quiet {
                     self.last_silent = Some(seq);
-                } else if self.layout.quiet {
-                    self.answered_waiting -= 1;
                 }
                 self.slots[slot] = Some(RecvSlot {
                     pending: 0,
@@ -764,9 +773,6 @@ impl RecvSide {
         for q in qps.clone() {
             self.expected[q].push_back(seq);
         }
-        if self.layout.quiet && !quiet {
-            self.answered_waiting += 1;
-        }
         self.slots[slot] = Some(RecvSlot {
             seq,
             n: bufs.len(),
@@ -814,10 +820,6 @@ impl RecvSide {
         slot.pending = slot.pending.saturating_sub(1);
         slot.imm_sum += u64::from(imm);
         self.eager_flowing = false;
-        if slot.pending == 0 && self.layout.quiet {
-            // A rendezvous write completes only a receive that answered.
-            self.answered_waiting -= 1;
-        }
         Ok(())
     }
 

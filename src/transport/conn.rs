@@ -114,8 +114,11 @@ pub fn pinned_bytes_per_connection(config: &Config, members: usize) -> u64 {
     send + recv
 }
 
-/// Every n-th CTS write is signaled so the receiver's send queue drains.
-pub(super) const CTS_SIGNAL_EVERY: u64 = 8;
+/// Every n-th CTS write is signaled so the receiver's send queue drains. Each completion is
+/// work for the device and for the poll that finds it, so it is rare: one per half ring, i.e.
+/// four signal periods fit in the queue's `2 * SLOTS` entries (NCCL's transport signals one
+/// CTS write per ring of 32).
+pub(super) const CTS_SIGNAL_EVERY: u64 = (SLOTS / 2) as u64;
 
 /// `wr_id` kinds (top byte); the low bits carry a slot or flush index.
 pub(super) const WR_SEND_DONE: u64 = 1 << 56;

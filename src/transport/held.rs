@@ -61,7 +61,11 @@ static REGISTERED: AtomicUsize = AtomicUsize::new(0);
 
 impl Queue {
     fn set_holding(&self, holding: bool) {
-        if self.holding.swap(holding, Ordering::AcqRel) != holding {
+        // Every post clears the flag: a plain load first spares it the atomic swap when it
+        // was already clear (always, unless the comm batches).
+        if self.holding.load(Ordering::Acquire) != holding
+            && self.holding.swap(holding, Ordering::AcqRel) != holding
+        {
             if holding {
                 HOLDING.fetch_add(1, Ordering::AcqRel);
             } else {
