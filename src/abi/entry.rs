@@ -407,19 +407,35 @@ fn group_size(n: c_int) -> Result<usize> {
         .ok_or_else(|| Error::misuse(format!("n={n} (must be 1..={MAX_GROUPED_RECVS})")))
 }
 
-/// `irecv` of `n` buffers whose capacities are `sizes`, in the version's type (`int` in v8,
-/// `size_t` from v9), each converted by `capacity` as its buffer is looked at.
+/// A receive buffer's size as a version passes it: `int` in v8, `size_t` from v9.
+pub(super) trait Capacity: Copy {
+    /// The size in bytes; `Misuse` for a negative `int`.
+    fn bytes(self) -> Result<u64>;
+}
+
+impl Capacity for c_int {
+    fn bytes(self) -> Result<u64> {
+        non_negative(self, "size")
+    }
+}
+
+impl Capacity for usize {
+    fn bytes(self) -> Result<u64> {
+        Ok(self as u64)
+    }
+}
+
+/// `irecv` of `n` buffers whose capacities are `sizes` (in the version's type, each converted
+/// as its buffer is looked at).
 ///
 /// # Safety
 /// NCCL's irecv contract: arrays of `n` elements, buffers writable until `test` reports the
 /// request done, `request` NULL or its out-slot (possibly holding the 0x1 sentinel).
-#[allow(clippy::too_many_arguments)] // NCCL's irecv arguments and the version's size type
-pub(super) unsafe fn irecv<S: Copy>(
+pub(super) unsafe fn irecv(
     recv_comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
-    sizes: *mut S,
-    capacity: impl Fn(S) -> Result<u64>,
+    sizes: *mut impl Capacity,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
@@ -442,7 +458,7 @@ pub(super) unsafe fn irecv<S: Copy>(
         let buf = |i: usize| {
             // SAFETY: NCCL passes back handles regMr returned.
             let mr = unsafe { handles::mr(mhandles[i]) }?;
-            mr.recv_buf(data[i] as u64, capacity(sizes[i])?, tags[i])
+            mr.recv_buf(data[i] as u64, sizes[i].bytes()?, tags[i])
         };
         // A single receive, NCCL's usual case, builds no group of eight.
         let (single, mut group);

@@ -98,7 +98,6 @@ pub(super) unsafe extern "C" fn net_irecv_v8(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    let capacity = |size| non_negative(size, "size");
     // SAFETY: forwarded from NCCL (see `entry::irecv`).
-    unsafe { entry::irecv(recv_comm, n, data, sizes, capacity, tags, mhandles, request) }
+    unsafe { entry::irecv(recv_comm, n, data, sizes, tags, mhandles, request) }
 }

@@ -76,11 +76,6 @@ pub(super) unsafe extern "C" fn net_isend_v9(
     unsafe { entry::isend(send_comm, data, Ok(size as u64), tag, mhandle, request) }
 }
 
-/// v9+'s receive capacity (a `size_t`).
-fn capacity_v9(size: usize) -> Result<u64> {
-    Ok(size as u64)
-}
-
 pub(super) unsafe extern "C" fn net_irecv_v9(
     recv_comm: *mut c_void,
     n: c_int,
@@ -91,18 +86,7 @@ pub(super) unsafe extern "C" fn net_irecv_v9(
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     // SAFETY: forwarded from NCCL (see `entry::irecv`).
-    unsafe {
-        entry::irecv(
-            recv_comm,
-            n,
-            data,
-            sizes,
-            capacity_v9,
-            tags,
-            mhandles,
-            request,
-        )
-    }
+    unsafe { entry::irecv(recv_comm, n, data, sizes, tags, mhandles, request) }
 }
 
 /// v9 to v11's `makeVDevice` (at most four members).
