@@ -11,26 +11,32 @@
 # Prints, per benchmark process (rank), each isend/irecv/test function of the plugin the
 # benchmark called: instructions per call and per message (inclusive: the provider's
 # user-space work included, a NULL request's retries counted), and the number of calls.
-# Needs valgrind (`scripts/deps.sh profile`).
+#
+# With --locks, a second run counts the lock operations of the ping-pong (locked instructions:
+# `lock`-prefixed ones and `xchg` with memory, i.e. atomic read-modify-writes, the plugin's
+# mutexes and the provider's spinlocks) per message, by library, and times an uncontended
+# lock/unlock pair of `lock cmpxchg` on this machine against plain increments.
+# Needs valgrind, gcc and objdump (`scripts/deps.sh profile`).
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 PLUGIN.so [--preload SHIM.c] [--iters N] [--dev DEV]" >&2
+  echo "usage: $0 PLUGIN.so [--preload SHIM.c] [--iters N] [--dev DEV] [--locks]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
 plugin=$(realpath "$1")
 shift
-preload="" iters=2000 dev=rxe0
+preload="" iters=2000 dev=rxe0 locks=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --preload) preload=$2; shift 2 ;;
+    --locks) locks=1; shift ;;
     --iters) iters=$2; shift 2 ;;
     --dev) dev=$2; shift 2 ;;
     *) usage ;;
   esac
 done
-for prog in valgrind python3; do
+for prog in valgrind python3 gcc objdump; do
   command -v "$prog" >/dev/null || { echo "$0: $prog missing (scripts/deps.sh profile)" >&2; exit 1; }
 done
 
@@ -93,3 +99,113 @@ for path in sorted(files):
     for name, calls, ir in rows:
         print(f"  {ir / calls:7.0f} {ir / iters:7.0f} {calls:7d}  {name}")
 EOF
+
+[ "$locks" = 1 ] || exit 0
+
+# Only the ping-pong is collected (the benchmark's Endpoint::ping_pong, which holds no lock of
+# its own), every instruction's address kept so that the locked ones can be picked out.
+LD_PRELOAD=$shim valgrind --tool=callgrind --trace-children=yes --dump-instr=yes \
+  --collect-atstart=no --toggle-collect='*Endpoint::ping_pong*' \
+  --callgrind-out-file="$out/locks.%p" "$bench" --plugin "$plugin" --dev "$dev" \
+  --min 8 --max 8 --iters 1 --lat-iters "$iters" >"$out/bench.log" 2>&1 ||
+  { cat "$out/bench.log" >&2; exit 1; }
+
+python3 - "$iters" "$out"/locks.* <<'EOF'
+import os, re, subprocess, sys
+from collections import Counter
+
+iters, files = int(sys.argv[1]), sys.argv[2:]
+
+def locked_addresses(obj):
+    """Addresses (as callgrind gives them: offsets in a shared object) of obj's locked
+    instructions."""
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", obj],
+                          capture_output=True, text=True).stdout
+    found = set()
+    for line in text.splitlines():
+        m = re.match(r"\s*([0-9a-f]+):\s+(\S.*)$", line)
+        if m and (m.group(2).startswith("lock ") or
+                  (m.group(2).startswith("xchg") and "(" in m.group(2))):
+            found.add(int(m.group(1), 16))
+    return found
+
+def executed(path):
+    """(object, address) -> times executed, from an instruction-level callgrind profile."""
+    names, counts = {}, Counter()
+    ob = fn_ob = None
+    positions, last, after_call = [], [], False
+    for line in open(path):
+        line = line.rstrip("\n")
+        m = re.match(r"(c?ob)=\((\d+)\)(?: (.*))?$", line)
+        if m:
+            if m.group(3):
+                names[m.group(2)] = m.group(3)
+            if m.group(1) == "ob":
+                ob = names.get(m.group(2))
+            continue
+        if line.startswith("positions:"):
+            positions = line.split()[1:]
+            last = [0] * len(positions)
+        elif line.startswith("fn="):
+            fn_ob = ob
+        elif line.startswith("calls="):
+            after_call = True
+        elif line[:1] in "0123456789+-*" and positions:
+            fields = line.split()
+            for i, f in enumerate(fields[:len(positions)]):
+                if f == "*":
+                    continue
+                v = int(f[1:], 0) if f[0] in "+-" else int(f, 0)
+                last[i] = last[i] + v if f[0] == "+" else last[i] - v if f[0] == "-" else v
+            if not after_call and len(fields) > len(positions):
+                counts[(fn_ob, last[0])] += int(fields[len(positions)])
+            after_call = False
+    return counts
+
+locked = {}
+for path in sorted(files):
+    per_lib = Counter()
+    for (obj, addr), n in executed(path).items():
+        if obj not in locked:
+            locked[obj] = locked_addresses(obj) if obj and os.path.exists(obj) else set()
+        if addr in locked[obj]:
+            per_lib[os.path.basename(obj)] += n
+    total = sum(per_lib.values())
+    libs = ", ".join(f"{lib} {n / iters:.1f}" for lib, n in per_lib.most_common())
+    print(f"# process {path.rsplit('.', 1)[1]}: {total / iters:.1f} locked instructions per "
+          f"message in the ping-pong ({libs or 'none'})")
+EOF
+
+cat >"$out/locks.c" <<'EOF'
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+static volatile uint8_t word;
+static volatile uint64_t counter;
+int main(void) {
+  const long n = 2000000;
+  double t0 = now();
+  for (long i = 0; i < n; i++) {
+    uint8_t e = 0;
+    __atomic_compare_exchange_n(&word, &e, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+    e = 1;
+    __atomic_compare_exchange_n(&word, &e, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+  }
+  double t1 = now();
+  for (long i = 0; i < n; i++) {
+    counter = counter + 1;
+    counter = counter + 1;
+  }
+  double t2 = now();
+  printf("# an uncontended lock/unlock pair (two lock cmpxchg) takes %.1f ns here; two plain "
+         "increments of a memory word %.1f ns\n", (t1 - t0) / n * 1e9, (t2 - t1) / n * 1e9);
+  return 0;
+}
+EOF
+gcc -O2 -o "$out/locks" "$out/locks.c"
+"$out/locks"

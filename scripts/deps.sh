@@ -7,7 +7,8 @@
 #   build  compilers and verbs headers for `cargo build` / `cargo test` on the host
 #   vm     qemu, busybox (virtme-ng builds the VM's initramfs with it), Debian's kernel (which
 #          has rdma_rxe), rdma-core tools, perftest, and virtme-ng
-#   profile  strace, perf and valgrind, for the per-message profiling in README "Performance"
+#   profile  strace, perf, valgrind, gcc and objdump, for the per-message profiling in README
+#            "Performance"
 #            (run inside the VM, which shares this filesystem); not needed by the tests
 # Prints the venv's bin directory on stdout when `vm` is given (for PATH).
 set -euo pipefail
@@ -33,7 +34,7 @@ if [ "$want_vm" = 1 ]; then
     perftest iproute2 kmod procps util-linux python3 python3-venv)
 fi
 if [ "$want_profile" = 1 ]; then
-  packages+=(strace linux-perf valgrind)
+  packages+=(strace linux-perf valgrind gcc binutils)
 fi
 
 missing=()
@@ -87,7 +88,7 @@ if [ "$want_vm" = 1 ]; then
   fi
 fi
 if [ "$want_profile" = 1 ]; then
-  for prog in strace perf valgrind; do need "$prog"; done
+  for prog in strace perf valgrind gcc objdump; do need "$prog"; done
 fi
 if [ "${#problems[@]}" -gt 0 ]; then
   for p in "${problems[@]}"; do echo "deps.sh: $p" >&2; done

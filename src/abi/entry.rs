@@ -392,9 +392,10 @@ pub(super) unsafe fn isend(
 ///
 /// # Safety
 /// `ptr` is NULL or points at `n` readable elements.
+#[inline]
 pub(super) unsafe fn array<'a, T>(ptr: *const T, n: usize, what: &str) -> Result<&'a [T]> {
     if ptr.is_null() {
-        return Err(Error::misuse(format!("NULL {what}")));
+        return Err(handles::null_pointer(what));
     }
     // SAFETY: non-NULL and `n` elements long per the contract.
     Ok(unsafe { std::slice::from_raw_parts(ptr, n) })

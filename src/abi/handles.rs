@@ -119,11 +119,28 @@ impl<C> CommHandle<C> {
     }
 }
 
+/// The error of a NULL pointer NCCL passed as `what` (a handle, an array, an out-parameter).
+/// Out of line, as [`foreign_handle`]: every data-path call checks its pointers, and their
+/// success path should carry none of this.
+#[cold]
+#[inline(never)]
+pub(super) fn null_pointer(what: &str) -> Error {
+    Error::misuse(format!("NULL {what}"))
+}
+
+/// The error of a handle that is not one of this plugin's `what`s.
+#[cold]
+#[inline(never)]
+fn foreign_handle(ptr: *mut c_void, what: &str) -> Error {
+    Error::misuse(format!("{what} {ptr:p} is not a {what} of this plugin"))
+}
+
 /// # Safety
 /// `ptr` is NULL or a pointer this module produced and that has not been taken back.
+#[inline]
 unsafe fn tag_of(ptr: *mut c_void, what: &str) -> Result<u32> {
     if ptr.is_null() {
-        return Err(Error::misuse(format!("NULL {what}")));
+        return Err(null_pointer(what));
     }
     // SAFETY: every object this module hands out starts with a u32 tag (repr(C)).
     Ok(unsafe { ptr.cast::<u32>().read() })
@@ -131,12 +148,11 @@ unsafe fn tag_of(ptr: *mut c_void, what: &str) -> Result<u32> {
 
 /// # Safety
 /// `ptr` is NULL or a live pointer from this module; the borrow ends before it is taken back.
+#[inline]
 unsafe fn borrow<'a, T>(ptr: *mut c_void, tag: u32, what: &str) -> Result<&'a T> {
     // SAFETY: forwarded contract.
     if unsafe { tag_of(ptr, what) }? != tag {
-        return Err(Error::misuse(format!(
-            "{what} {ptr:p} is not a {what} of this plugin"
-        )));
+        return Err(foreign_handle(ptr, what));
     }
     // SAFETY: the tag says `ptr` is a live Tagged<T> created by this module.
     Ok(unsafe { &(*ptr.cast::<Tagged<T>>()).value })
@@ -147,9 +163,7 @@ unsafe fn borrow<'a, T>(ptr: *mut c_void, tag: u32, what: &str) -> Result<&'a T>
 unsafe fn take<T>(ptr: *mut c_void, tag: u32, what: &str) -> Result<Box<Tagged<T>>> {
     // SAFETY: forwarded contract.
     if unsafe { tag_of(ptr, what) }? != tag {
-        return Err(Error::misuse(format!(
-            "{what} {ptr:p} is not a {what} of this plugin"
-        )));
+        return Err(foreign_handle(ptr, what));
     }
     // SAFETY: created by Box::into_raw of a Tagged<T> in this module; taken back once. The tag
     // is cleared so a second close is caught instead of freeing twice (while the memory is
@@ -175,6 +189,7 @@ pub(super) unsafe fn take_listen_comm(ptr: *mut c_void) -> Result<Box<Tagged<Lis
 
 /// # Safety
 /// `ptr` is NULL or a send comm from `send_into_raw`, not yet closed.
+#[inline]
 pub(super) unsafe fn send_comm<'a>(ptr: *mut c_void) -> Result<&'a SendHandle> {
     // SAFETY: forwarded contract.
     unsafe { borrow(ptr, SEND_TAG, "send comm") }
@@ -189,6 +204,7 @@ pub(super) unsafe fn take_send_comm(ptr: *mut c_void) -> Result<Box<Tagged<SendH
 
 /// # Safety
 /// `ptr` is NULL or a receive comm from `recv_into_raw`, not yet closed.
+#[inline]
 pub(super) unsafe fn recv_comm<'a>(ptr: *mut c_void) -> Result<&'a RecvHandle> {
     // SAFETY: forwarded contract.
     unsafe { borrow(ptr, RECV_TAG, "recv comm") }
@@ -222,6 +238,7 @@ pub(super) unsafe fn any_comm_context<'a>(
 
 /// # Safety
 /// `ptr` is NULL or a memory handle from `mr_into_raw`, not yet deregistered.
+#[inline]
 pub(super) unsafe fn mr<'a>(ptr: *mut c_void) -> Result<&'a MrHandle> {
     // SAFETY: forwarded contract.
     unsafe { borrow(ptr, MR_TAG, "mhandle") }
@@ -250,6 +267,7 @@ pub(super) unsafe fn take_context(ptr: *mut c_void) -> Result<Box<Tagged<CommCon
 
 /// # Safety
 /// `ptr` is NULL or a request token of a comm that is still open.
+#[inline]
 pub(super) unsafe fn request<'a>(ptr: *mut c_void) -> Result<RequestOwner<'a>> {
     // SAFETY: forwarded contract.
     let token: &Token = unsafe { borrow_token(ptr) }?;
@@ -271,15 +289,14 @@ pub(super) unsafe fn request<'a>(ptr: *mut c_void) -> Result<RequestOwner<'a>> {
 
 /// # Safety
 /// As `request`.
+#[inline]
 unsafe fn borrow_token<'a>(ptr: *mut c_void) -> Result<&'a Token> {
     if ptr as usize == crate::abi::types::NCCL_NET_OPTIONAL_RECV_COMPLETION {
         return Err(Error::misuse("test on the 0x1 sentinel, not a request"));
     }
     // SAFETY: forwarded contract.
     if unsafe { tag_of(ptr, "request") }? != TOKEN_TAG {
-        return Err(Error::misuse(format!(
-            "request {ptr:p} is not a request of this plugin"
-        )));
+        return Err(foreign_handle(ptr, "request"));
     }
     // SAFETY: the tag says this is a live token.
     Ok(unsafe { &*ptr.cast::<Token>() })

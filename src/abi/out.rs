@@ -1,6 +1,6 @@
 //! Out-parameters from NCCL: checked for NULL once, written at most once, only on success.
 
-use crate::core::error::{Error, Result};
+use crate::core::error::Result;
 
 /// A non-NULL pointer NCCL gave us to write a result into.
 #[derive(Debug)]
@@ -14,9 +14,10 @@ impl<T> Out<T> {
     /// # Safety
     /// If non-NULL, `ptr` must be valid for a write of `T` until [`Out::write`] is called (NCCL's
     /// contract for every out-parameter).
+    #[inline]
     pub(super) unsafe fn new(ptr: *mut T, what: &str) -> Result<Self> {
         if ptr.is_null() {
-            return Err(Error::misuse(format!("NULL {what}")));
+            return Err(super::handles::null_pointer(what));
         }
         Ok(Self { ptr })
     }

@@ -260,7 +260,7 @@ pub struct CtsPost {
     pub recvs: std::ops::Range<usize>,
     /// The QP the answer is written on.
     pub qp: usize,
-    /// What the entries say; [`Self::entries`] spells them out. `None`: nothing is written (a
+    /// What the entries say; [`Answer::entry`] spells them out. `None`: nothing is written (a
     /// quiet receive, or a copy the credit will account for).
     pub answer: Option<Answer>,
     /// Copy this first, when the message arrived eagerly and the receive can take it.
@@ -294,22 +294,22 @@ impl Answer {
             Self::Cts { seq, .. } | Self::Ack { seq, .. } => seq,
         }
     }
-}
 
-impl CtsPost {
-    /// The entries to write into the ring slot, from the buffers the receive was posted with.
-    /// Described rather than carried: eight 64-byte entries would be built and moved on every
-    /// `irecv` for the one a single receive writes.
-    pub fn entries<'a>(&self, bufs: &'a [RecvBuf]) -> impl Iterator<Item = Cts> + 'a {
-        let nreqs = u32::try_from(bufs.len()).unwrap_or(0);
-        // A quiet receive (no answer) writes no entries.
-        self.answer.into_iter().flat_map(move |answer| {
-            let n = match answer {
-                Answer::Cts { .. } => bufs.len(),
-                Answer::Ack { .. } => 1,
-            };
-            (0..n).map(move |i| match answer {
-                Answer::Cts { seq, refused } => Cts {
+    /// How many entries it writes for a receive of `bufs` buffers.
+    pub fn entries(&self, bufs: usize) -> usize {
+        match self {
+            Self::Cts { .. } => bufs,
+            Self::Ack { .. } => 1,
+        }
+    }
+
+    /// Entry `i` (below [`Self::entries`]) of the answer to the receive of `bufs`. One entry at a
+    /// time, built where it is written: a single receive's `irecv` builds one.
+    pub fn entry(&self, bufs: &[RecvBuf], i: usize) -> Cts {
+        match *self {
+            Self::Cts { seq, refused } => {
+                let nreqs = u32::try_from(bufs.len()).unwrap_or(0);
+                Cts {
                     addr: bufs[i].addr,
                     size: bufs[i].size,
                     rkeys: bufs[i].rkeys,
@@ -320,10 +320,10 @@ impl CtsPost {
                         nreqs
                     },
                     seq_plus_one: seq + 1,
-                },
-                Answer::Ack { seq, delivered } => eager::ack(seq, delivered),
-            })
-        })
+                }
+            }
+            Self::Ack { seq, delivered } => eager::ack(seq, delivered),
+        }
     }
 }
 
@@ -1071,6 +1071,13 @@ impl Rendezvous {
         (0..self.cts.len())
             .filter(|&i| self.matched & (1 << i) != 0)
             .map(|i| (i, &self.sends[i]))
+    }
+
+    /// The entry request `req`'s send was matched to.
+    fn entry_of(&self, req: usize) -> Option<usize> {
+        self.matched_sends()
+            .find(|(_, (_, q))| *q == req)
+            .map(|(e, _)| e)
     }
 
     /// Match `buf` (request `req`) to unmatched entry `entry` (of its tag), clamped to the
@@ -1823,9 +1830,9 @@ impl SendSide {
             SlotState::Rendezvous => {
                 let r = &self.rendezvous[slot];
                 (r.posted && r.pending == 0)
-                    .then(|| r.matched_sends().find(|(_, (_, q))| *q == req))
+                    .then(|| r.entry_of(req))
                     .flatten()
-                    .map(|(_, (b, _))| b.size)
+                    .map(|e| r.sends[e].0.size)
             }
         }
     }
@@ -1835,29 +1842,21 @@ impl SendSide {
         let Some(slot) = self.slot_of_request(req) else {
             return;
         };
-        let free = match self.slots[slot].map(|s| s.state) {
+        let free = match self.slots[slot].as_mut().map(|s| &mut s.state) {
             Some(SlotState::Rendezvous) => {
                 let r = &mut self.rendezvous[slot];
-                let entry = r
-                    .matched_sends()
-                    .find(|(_, (_, q))| *q == req)
-                    .map(|(e, _)| e);
-                if let Some(e) = entry {
+                if let Some(e) = r.entry_of(req) {
                     r.tested |= 1 << e;
                 }
                 r.tested == entries_mask(r.cts.len())
             }
             Some(SlotState::Eager {
-                delivered: false, ..
+                delivered: false,
+                req,
+                ..
             }) => {
                 // A send whose copy is in the staging ring: the slot stays until delivered.
-                if let Some(SendSlot {
-                    state: SlotState::Eager { req, .. },
-                    ..
-                }) = self.slots[slot].as_mut()
-                {
-                    *req = DETACHED;
-                }
+                *req = DETACHED;
                 false
             }
             _ => true,

@@ -143,8 +143,10 @@ impl Pair {
             self.copy_eager(c);
         }
         self.cts_writes += usize::from(cts.answer.is_some());
-        for (i, e) in cts.entries(bufs).enumerate() {
-            self.ring[cts.slot * MAX_RECVS + i] = Some(e);
+        if let Some(a) = cts.answer {
+            for i in 0..a.entries(bufs.len()) {
+                self.ring[cts.slot * MAX_RECVS + i] = Some(a.entry(bufs, i));
+            }
         }
     }
 

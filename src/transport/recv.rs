@@ -386,10 +386,18 @@ impl RecvComm {
     /// With quiet receives, write what the receiver owes the sender after handling something
     /// (`answered`: a CTS just went out): the CTS of receives that stopped being quiet, and the
     /// credit when one is due.
+    #[inline]
     fn owed_writes(&self, st: &mut RecvState, answered: bool) -> Result<()> {
         if !st.proto.layout().quiet {
             return Ok(());
         }
+        self.quiet_writes(st, answered)
+    }
+
+    /// [`Self::owed_writes`] on a connection with quiet receives; out of line, so that every
+    /// other connection's `irecv` and `test` carry only the check.
+    #[inline(never)]
+    fn quiet_writes(&self, st: &mut RecvState, answered: bool) -> Result<()> {
         let mut answering = answered;
         while let Some((cts, buf)) = st.proto.late_answer() {
             // SAFETY: a late answer copies nothing and posts no receive.
@@ -448,11 +456,11 @@ impl RecvComm {
         };
         let round = usize::from((answer.seq() / SLOTS as u64) % 2 == 1);
         let staged = round * CTS_RING_BYTES;
-        let mut n = 0;
-        for (i, entry) in cts.entries(bufs).enumerate() {
+        let n = answer.entries(bufs.len());
+        for i in 0..n {
             let at = self.cts_layout.offset(cts.slot, i);
-            self.cts_staging.write(staged + at, &entry.emit());
-            n += 1;
+            self.cts_staging
+                .write(staged + at, &answer.entry(bufs, i).emit());
         }
         let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
         st.cts_posted += 1;
