@@ -644,26 +644,29 @@ impl RecvSide {
             });
             return Ok(Arrived::Kept);
         }
-        let Some(posted) = self.slots[slot] else {
+        let copies = self.copies(seq);
+        let Some(posted) = self.slots[slot].as_mut() else {
             return bad(format!(
                 "eager message {seq} arrived after its receive completed"
             ));
         };
         match posted.single {
-            Some(b) if posted.promised && fits(a.size, &b, header.tag) && self.copies(seq) => {
+            Some(b) if posted.promised && fits(a.size, &b, header.tag) && copies => {
                 let len = a.size;
                 if posted.quiet {
                     self.last_silent = Some(seq);
                 }
-                self.slots[slot] = Some(RecvSlot {
-                    pending: 0,
-                    imm_sum: len,
-                    quiet: false,
-                    ..posted
-                });
-                let qps = self.layout.qps_for(seq, b.size);
-                for q in qps {
-                    self.expected[q].retain(|&s| s != seq);
+                posted.pending = 0;
+                posted.imm_sum = len;
+                posted.quiet = false;
+                for q in self.layout.qps_for(seq, b.size) {
+                    // Its write-with-immediate never comes: the copy completed the receive.
+                    let expected = &mut self.expected[q];
+                    if expected.front() == Some(&seq) {
+                        expected.pop_front();
+                    } else {
+                        expected.retain(|&s| s != seq);
+                    }
                 }
                 Ok(Arrived::Copied(EagerCopy {
                     bounce_slot: slot,
