@@ -507,15 +507,18 @@ impl RecvSide {
     /// The receives whose message has not completed, in message order. None lies before
     /// [`Self::done_through`] (kept on connections with quiet receives), which only passes
     /// completed ones, nor a ring before the next: a ping-pong's poll looks at a slot or two.
-    fn waiting(&self) -> impl Iterator<Item = (u64, RecvSlot)> + '_ {
+    fn waiting(&self) -> impl Iterator<Item = (u64, &RecvSlot)> + '_ {
         let first = self
             .done_through
             .max(self.next_seq.saturating_sub(SLOTS as u64));
-        (first..self.next_seq).filter_map(|seq| {
-            self.slots[slot_of(seq)]
-                .filter(|s| s.seq == seq && s.pending > 0)
-                .map(|s| (seq, s))
-        })
+        (first..self.next_seq).filter_map(|seq| self.still_waiting(seq).map(|s| (seq, s)))
+    }
+
+    /// The receive of message `seq` when it is posted and its message has not completed.
+    fn still_waiting(&self, seq: u64) -> Option<&RecvSlot> {
+        self.slots[slot_of(seq)]
+            .as_ref()
+            .filter(|s| s.seq == seq && s.pending > 0)
     }
 
     /// The latest message that arrived eagerly.
@@ -555,12 +558,10 @@ impl RecvSide {
 
     /// Move [`Self::done_through`] past every message whose receive completed.
     fn advance_done_through(&mut self) {
-        while self.done_through < self.next_seq {
-            match &self.slots[slot_of(self.done_through)] {
-                Some(s) if s.seq == self.done_through && s.pending > 0 => break,
-                // Done, released, or released and its slot taken by a later receive.
-                _ => self.done_through += 1,
-            }
+        // Past receives that are done, released, or released with their slot taken by a later
+        // receive.
+        while self.done_through < self.next_seq && self.still_waiting(self.done_through).is_none() {
+            self.done_through += 1;
         }
     }
 
