@@ -70,8 +70,9 @@ if [ "$want_build" = 1 ]; then
     problems+=("pkg-config finds no libibverbs/librdmacm (libibverbs-dev, librdmacm-dev)")
 fi
 if [ "$want_vm" = 1 ]; then
-  # setpriv: the doctor's VM tests drop CAP_IPC_LOCK and run as nobody to stage faults.
-  for prog in qemu-system-x86_64 busybox rdma ip modprobe sysctl timeout python3 setpriv \
+  # setpriv: the doctor's VM tests drop CAP_IPC_LOCK and run as nobody to stage faults;
+  # tc: they drop packets with netem.
+  for prog in qemu-system-x86_64 busybox rdma ip tc modprobe sysctl timeout python3 setpriv \
     ib_write_bw ib_write_lat ibv_devices; do
     need "$prog"
   done
@@ -82,9 +83,11 @@ if [ "$want_vm" = 1 ]; then
     problems+=("no kernel image in /boot (linux-image-amd64)")
   else
     version="${kernel#/boot/vmlinuz-}"
-    if ! find "/lib/modules/$version" -name 'rdma_rxe.ko*' 2>/dev/null | grep -q .; then
-      problems+=("kernel $version in /boot has no rdma_rxe module under /lib/modules/$version")
-    fi
+    for module in rdma_rxe sch_netem; do
+      if ! find "/lib/modules/$version" -name "$module.ko*" 2>/dev/null | grep -q .; then
+        problems+=("kernel $version in /boot has no $module module under /lib/modules/$version")
+      fi
+    done
   fi
 fi
 if [ "$want_profile" = 1 ]; then
