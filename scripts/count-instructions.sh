@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per call of a plugin's data-path entry points (isend, irecv, test), counted by
-# callgrind over an 8-byte ping-pong of nccl-net-bench: what each call costs in user space,
-# independent of how fast the (emulated) CPU runs. Run it inside the Soft-RoCE VM, once per
-# plugin, after `cargo build --release --lib --bin nccl-net-bench`:
+# callgrind over a ping-pong of nccl-net-bench (8-byte messages, or --size BYTES): what each
+# call costs in user space, independent of how fast the (emulated) CPU runs. Run it inside the
+# Soft-RoCE VM, once per plugin, after `cargo build --release --lib --bin nccl-net-bench`:
 #
 #   scripts/rdma-vm.sh scripts/count-instructions.sh target/release/libnccl_net.so
 #   scripts/rdma-vm.sh scripts/count-instructions.sh ../shared/reference-plugin/libnccl-net-mlnx.so \
@@ -20,18 +20,19 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 PLUGIN.so [--preload SHIM.c] [--iters N] [--dev DEV] [--locks]" >&2
+  echo "usage: $0 PLUGIN.so [--preload SHIM.c] [--iters N] [--size BYTES] [--dev DEV] [--locks]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
 plugin=$(realpath "$1")
 shift
-preload="" iters=2000 dev=rxe0 locks=0
+preload="" iters=2000 size=8 dev=rxe0 locks=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --preload) preload=$2; shift 2 ;;
     --locks) locks=1; shift ;;
     --iters) iters=$2; shift 2 ;;
+    --size) size=$2; shift 2 ;;
     --dev) dev=$2; shift 2 ;;
     *) usage ;;
   esac
@@ -53,7 +54,7 @@ fi
 
 LD_PRELOAD=$shim valgrind --tool=callgrind --trace-children=yes \
   --callgrind-out-file="$out/callgrind.%p" "$bench" --plugin "$plugin" --dev "$dev" \
-  --min 8 --max 8 --iters 1 --lat-iters "$iters" >"$out/bench.log" 2>&1 ||
+  --min "$size" --max "$size" --iters 1 --lat-iters "$iters" >"$out/bench.log" 2>&1 ||
   { cat "$out/bench.log" >&2; exit 1; }
 
 python3 - "$plugin" "$iters" "$out"/callgrind.* <<'EOF'
@@ -107,7 +108,7 @@ EOF
 LD_PRELOAD=$shim valgrind --tool=callgrind --trace-children=yes --dump-instr=yes \
   --collect-atstart=no --toggle-collect='*Endpoint::ping_pong*' \
   --callgrind-out-file="$out/locks.%p" "$bench" --plugin "$plugin" --dev "$dev" \
-  --min 8 --max 8 --iters 1 --lat-iters "$iters" >"$out/bench.log" 2>&1 ||
+  --min "$size" --max "$size" --iters 1 --lat-iters "$iters" >"$out/bench.log" 2>&1 ||
   { cat "$out/bench.log" >&2; exit 1; }
 
 python3 - "$iters" "$out"/locks.* <<'EOF'

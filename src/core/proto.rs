@@ -944,8 +944,8 @@ pub enum Post {
         /// Slot whose completion this is.
         slot: usize,
     },
-    /// An eager message: an unsignaled write of its [`eager::header`] into the receiver's
-    /// bounce slot `slot`, then a signaled write-with-immediate of the payload behind it.
+    /// An eager message: one signaled write-with-immediate of its [`eager::header`] and the
+    /// payload behind it into the receiver's bounce slot `slot`.
     Eager {
         /// QP index.
         qp: usize,
