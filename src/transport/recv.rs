@@ -16,7 +16,7 @@ use super::conn::{
 };
 use super::held::{self, PostQueue};
 use super::mr::MrHandle;
-use super::watch::{PeerState, Tend, Watched};
+use super::watch::{ClientProgress, PeerState, Tend, Tick, Watched};
 use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
 use crate::core::eager::{self, Announced};
@@ -96,6 +96,8 @@ struct RecvState {
     flushes: Vec<FlushSlot>,
     /// How long quiet receives have waited without an eager arrival; `None` while none waits.
     quiet_wait: Option<QuietWait>,
+    /// The client's own progress, which the watcher need not repeat.
+    client: ClientProgress,
 }
 
 /// The wait of quiet receives since the latest eager arrival. The clock is read only every
@@ -277,6 +279,7 @@ impl RecvComm {
                 cts_posted: 0,
                 flushes: vec![FlushSlot::Free; SLOTS],
                 quiet_wait: None,
+                client: ClientProgress::default(),
             }),
         };
         Ok((comm, hello))
@@ -632,7 +635,9 @@ impl RecvComm {
         sizes
     }
 
+    /// The progress of a client's call.
     fn progress(&self, st: &mut RecvState) -> Result<()> {
+        st.client.made();
         self.progress_reading_clock(st, false)
     }
 
@@ -756,14 +761,18 @@ impl Tend for RecvComm {
         self.state.lock().proto.layout().quiet
     }
 
-    fn tend(&self) {
+    fn tend(&self) -> Tick {
         let Some(mut st) = self.state.try_lock() else {
-            return;
+            return Tick::Idle;
         };
-        if st.failed.check().is_ok() && st.proto.has_quiet() {
-            // A failure is recorded in the comm and reported at its next call.
-            let _ = self.progress_reading_clock(&mut st, true);
+        let polled = st.client.since_last_tick();
+        if st.failed.check().is_err() || !st.proto.has_quiet() {
+            return Tick::Idle;
         }
+        // Even for a client that polls: its polls read the clock only every 32nd time.
+        // A failure is recorded in the comm and reported at its next call.
+        let _ = self.progress_reading_clock(&mut st, true);
+        if polled { Tick::Idle } else { Tick::ClientAway }
     }
 }
 

@@ -16,7 +16,7 @@ use super::conn::{
 };
 use super::held::{Builder, PostQueue};
 use super::mr::MrHandle;
-use super::watch::{Tend, Tended, Watched};
+use super::watch::{ClientProgress, Tend, Tended, Tick, Watched};
 use super::wire_io::HandshakeStream;
 use crate::core::config::MAX_FUSED_MEMBERS;
 use crate::core::config::Traffic;
@@ -267,6 +267,7 @@ impl Connecting {
                 proto,
                 failed: Failure::default(),
                 completed_any: false,
+                client: ClientProgress::default(),
             }),
         })
     }
@@ -277,6 +278,8 @@ struct SendState {
     proto: SendSide,
     failed: Failure,
     completed_any: bool,
+    /// The client's own progress, which the watcher need not repeat.
+    client: ClientProgress,
 }
 
 /// A connected send comm. `isend`/`test` come from NCCL's progress thread; the lock only guards
@@ -456,6 +459,7 @@ impl SendComm {
                 self.progress(&mut st)?;
                 if st.proto.waits_on_ring() {
                     // An eager message completes with its answer in the CTS ring.
+                    st.client.made();
                     self.read_answers(&mut st)?;
                 }
                 st.proto.poll_done(index)
@@ -734,13 +738,16 @@ impl Tend for SendComm {
         self.layout.quiet
     }
 
-    fn tend(&self) {
+    fn tend(&self) -> Tick {
         let Some(mut st) = self.state.try_lock() else {
-            return;
+            return Tick::Idle;
         };
-        if st.failed.check().is_ok() && st.proto.undelivered() {
-            // A failure is recorded in the comm and reported at its next call.
-            let _ = self.deliver(&mut st);
+        let polled = st.client.since_last_tick();
+        if st.failed.check().is_err() || !st.proto.undelivered() {
+            return Tick::Idle;
         }
+        // A failure is recorded in the comm and reported at its next call.
+        let _ = self.deliver(&mut st);
+        if polled { Tick::Idle } else { Tick::ClientAway }
     }
 }

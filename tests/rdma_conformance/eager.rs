@@ -509,6 +509,57 @@ fn a_quiet_receive_is_announced_while_its_client_is_away(cx: &mut Cx) {
     }
 }
 
+/// How often this process's watcher thread (`rsib-watch`) went to sleep and woke: its voluntary
+/// context switches.
+fn watcher_wakeups() -> u64 {
+    let tasks = std::fs::read_dir("/proc/self/task").unwrap();
+    let watcher = tasks
+        .map(|t| t.unwrap().path())
+        .find(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.trim() == "rsib-watch"))
+        .expect("the watcher thread runs once a comm is connected");
+    let status = std::fs::read_to_string(watcher.join("status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A stream of eager messages whose clients keep polling: the watcher thread, which tends quiet
+/// comms for clients that stop calling, leaves these to their clients and stretches its ticks
+/// (80 ms), instead of waking every 10 ms and taking the CPU a client polls on.
+fn the_watcher_sleeps_while_its_clients_poll(cx: &mut Cx) {
+    const MESSAGES: u64 = 20_000;
+    let msgs: Vec<(u64, usize)> = (0..MESSAGES).map(|i| (i, 8)).collect();
+    let comm = if cx.rank == 0 {
+        cx.accept_pair()
+    } else {
+        cx.connect_pair()
+    };
+    warm_up(cx, comm, 0);
+    let (woken, started) = (watcher_wakeups(), Instant::now());
+    if cx.rank == 0 {
+        recv_each(&cx.net, comm, &msgs, 0);
+    } else {
+        send_each(&cx.net, comm, &msgs, 0);
+    }
+    let (woke, took) = (watcher_wakeups() - woken, started.elapsed());
+    println!("NOTE the watcher woke {woke} times in {took:.2?} of {MESSAGES} messages");
+    // At most one wake-up per 50 ms, and a few while the tick stretches (10, 20, 40 ms).
+    let most = took.as_millis() as u64 / 50 + 4;
+    assert!(
+        woke <= most,
+        "the watcher woke {woke} times in {took:?} (at most {most})"
+    );
+    if cx.rank == 0 {
+        cx.net.close_recv(comm);
+    } else {
+        cx.net.close_send(comm);
+    }
+}
+
 pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "eager/sends_start_before_the_receive_is_posted",
@@ -592,6 +643,12 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         name: "eager/quiet/refused_message_written_again_while_its_sender_is_away",
         ranks: 2,
         run: a_refused_eager_message_is_written_again_while_its_sender_is_away,
+        env: QUIET,
+    },
+    Scenario {
+        name: "eager/quiet/the_watcher_sleeps_while_its_clients_poll",
+        ranks: 2,
+        run: the_watcher_sleeps_while_its_clients_poll,
         env: QUIET,
     },
     Scenario {
