@@ -137,7 +137,7 @@ pub const KNOBS: &[Knob] = &[
     Knob {
         name: "NCCL_NET_RS_QUIET",
         default: "0",
-        meaning: "1 = offer quiet receives: while eager messages flow, a host-memory receive writes no clear-to-send (used when both sides offer it); 0 = every receive writes one (on rxe 1 shortens the latency up to 1 KiB but lengthens it at 2-4 KiB and lowers the message rate at 64 B)",
+        meaning: "1 = offer quiet receives: while eager messages flow, a host-memory receive writes no clear-to-send (used when both sides offer it; a truncated eager send then reports the size it was given); 0 = every receive writes one, as NCCL's transport does (on rxe 1 shortens the latency up to 512 B and lowers the message rate at 64 B)",
     },
     Knob {
         name: "NCCL_NET_RS_QUIET_WAIT_US",
