@@ -406,8 +406,8 @@ fn run(
     out
 }
 
-/// One end's counter report: whose, the rises, how many counters were read.
-type End<'a> = (&'a str, Vec<(String, u64)>, usize);
+/// One end's counter report: whose, the rises, how many counters were read, its device.
+type End<'a> = (&'a str, Vec<(String, u64)>, usize, &'a CardDevice);
 
 /// One rail's checks.
 struct Rail<'a> {
@@ -488,7 +488,7 @@ impl Rail<'_> {
             net.close_listen(comms.lc),
         );
         outcome?;
-        self.counters(roots, l, &before)
+        self.counters(roots, l, r, &before)
     }
 
     fn connect(&mut self) -> Result<Comms, String> {
@@ -881,11 +881,12 @@ impl Rail<'_> {
         Ok(())
     }
 
-    /// Error counters before and after, on both ends.
+    /// Error counters before and after, on both ends (`l` here, `r` the peer's).
     fn counters(
         &mut self,
         roots: &Roots,
         l: &CardDevice,
+        r: &CardDevice,
         before: &BTreeMap<String, u64>,
     ) -> Result<(), String> {
         let after = read_counters(roots, l);
@@ -904,14 +905,14 @@ impl Rail<'_> {
             _ => None,
         })?;
         let ends: Vec<End<'_>> = if self.loopback {
-            vec![("here", deltas, after.len())]
+            vec![("here", deltas, after.len(), l)]
         } else {
             vec![
-                ("here", deltas, after.len()),
-                ("on the peer", theirs, their_read),
+                ("here", deltas, after.len(), l),
+                ("on the peer", theirs, their_read, r),
             ]
         };
-        for (whose, deltas, read) in ends {
+        for (whose, deltas, read, device) in ends {
             if read == 0 {
                 self.finding(
                     Severity::Unknown,
@@ -934,7 +935,11 @@ impl Rail<'_> {
                         list.join(", ")
                     ),
                 );
-                f.fix = Some("packet loss or retries: check cables/transceivers, PFC/ECN on RoCE, and the switch port counters".to_owned());
+                f.fix = Some(if is_software(device) {
+                    "software device: packets lost in the host's network stack (CPU load, netdev backlog) and retried; nothing to fix on the wire".to_owned()
+                } else {
+                    "packet loss or retries: check cables/transceivers, PFC/ECN on RoCE, and the switch port counters".to_owned()
+                });
             }
         }
         Ok(())
@@ -1011,8 +1016,13 @@ enum Expected {
     Rate { mbps: u64, limit: String },
 }
 
+/// Whether a member of `device` is a software device (rxe, siw: no PCI function).
+fn is_software(device: &CardDevice) -> bool {
+    device.members.iter().any(|m| m.pci.is_none())
+}
+
 fn expected_mbps(l: &CardDevice, r: &CardDevice) -> Expected {
-    if l.members.iter().chain(&r.members).any(|m| m.pci.is_none()) {
+    if is_software(l) || is_software(r) {
         return Expected::Software;
     }
     let pcie = |d: &CardDevice| {
