@@ -340,6 +340,16 @@ fn pair(serve_env: &[(&str, &str)], peer_env: &[(&str, &str)]) -> (Run, Run) {
     (serve, peer)
 }
 
+/// The pair check's two directions, as each end names them.
+const DIRECTIONS: [&str; 2] = ["this node -> peer", "peer -> this node"];
+
+/// `run`'s data check passed in both directions, each saying `what` (memory kind, messages).
+fn data_passed_both_ways(run: &Run, what: &str) {
+    for direction in DIRECTIONS {
+        run.has("PASS", "pair.data", "<->", &format!("{direction}: {what}"));
+    }
+}
+
 /// The error counters of `src/bin/nccl-net-doctor/pair.rs` that rxe has.
 const RXE_ERROR_COUNTERS: &[&str] = &[
     "duplicate_request",
@@ -441,13 +451,8 @@ fn pair_check_over_rxe1_and_rxe2_moves_verified_data_both_ways() {
     counters_agree_with_the_kernel(&serve, &peer, &rose);
     for (run, name) in [(&serve, "serve"), (&peer, "peer")] {
         assert_eq!(run.code, 0, "{name}: {}\n{}", run.stdout, run.stderr);
-        for direction in ["this node -> peer", "peer -> this node"] {
-            run.has(
-                "PASS",
-                "pair.data",
-                "<->",
-                &format!("{direction}: host memory, 5 messages"),
-            );
+        data_passed_both_ways(run, "host memory, 5 messages");
+        for direction in DIRECTIONS {
             run.has("INFO", "pair.bandwidth", "<->", direction);
         }
         run.has(
@@ -475,14 +480,7 @@ fn packets_lost_on_the_wire_warn_with_the_counters_that_rose_and_data_still_flow
     let (serve, peer, rose) = pair_counted(&quick_retry, &quick_retry);
     for run in [&serve, &peer] {
         assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
-        for direction in ["this node -> peer", "peer -> this node"] {
-            run.has(
-                "PASS",
-                "pair.data",
-                "<->",
-                &format!("{direction}: host memory"),
-            );
-        }
+        data_passed_both_ways(run, "host memory");
     }
     assert!(
         rose.keys().any(|k| k.contains("/rxe1/")),

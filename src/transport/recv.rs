@@ -772,7 +772,7 @@ impl Tend for RecvComm {
         // Even for a client that polls: its polls read the clock only every 32nd time.
         // A failure is recorded in the comm and reported at its next call.
         let _ = self.progress_reading_clock(&mut st, true);
-        if polled { Tick::Idle } else { Tick::ClientAway }
+        Tick::owed(polled)
     }
 }
 

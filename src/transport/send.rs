@@ -748,6 +748,6 @@ impl Tend for SendComm {
         }
         // A failure is recorded in the comm and reported at its next call.
         let _ = self.deliver(&mut st);
-        if polled { Tick::Idle } else { Tick::ClientAway }
+        Tick::owed(polled)
     }
 }

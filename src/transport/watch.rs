@@ -337,9 +337,21 @@ pub enum Tick {
     ClientAway,
 }
 
+impl Tick {
+    /// A comm that owed its peer progress, which the tick made: whether its client is away,
+    /// i.e. made no progress since the previous tick (`client_progressed`).
+    pub(crate) fn owed(client_progressed: bool) -> Self {
+        if client_progressed {
+            Self::Idle
+        } else {
+            Self::ClientAway
+        }
+    }
+}
+
 /// The longest tick, while no tended comm's client is away: the longest a peer waits for a
 /// comm whose client stops calling.
-pub(crate) const CLIENT_TICK_LIMIT: Duration = Duration::from_millis(80);
+const CLIENT_TICK_LIMIT: Duration = Duration::from_millis(80);
 
 /// The tended comms' next tick after one of `tick`: [`held::HOLD_LIMIT`] when a comm's client
 /// is `away`, else twice as long, up to [`CLIENT_TICK_LIMIT`].
