@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Side by side on one RDMA device, in one run: perftest's ib_write_bw and ib_write_lat, then
-# nccl-net-bench through an ncclNet plugin and, with --against, through another plugin too,
-# alternating the two several times; prints medians and ratios per size and, with --against, the
-# spread of the paired ratios (run i of one over run i of the other). Run it where the device is
-# (inside the Soft-RoCE VM: scripts/rdma-vm.sh scripts/bench-vs-perftest.sh ...).
+# Side by side on one RDMA device, in one run: perftest's ib_write_bw (bandwidth, and message
+# rate with one write per message) and ib_write_lat, then nccl-net-bench through an ncclNet
+# plugin and, with --against, through another plugin too, alternating the two several times;
+# prints medians and ratios per size and, with --against, the spread of the paired ratios (run i
+# of one over run i of the other). Run it where the device is (inside the Soft-RoCE VM:
+# scripts/rdma-vm.sh scripts/bench-vs-perftest.sh ...).
 #
 # usage: scripts/bench-vs-perftest.sh [--plugin PATH.so] [--against PATH.so [--preload LIB]]
 #          [--runs N] [--dev NAME] [--bytes BYTES] [--max BYTES] [--inflight N] [--bench PATH]
@@ -112,12 +113,14 @@ for ((s = 8; s <= max; s *= 2)); do sizes+=("$s"); done
 for s in "${sizes[@]}"; do
   echo "perftest: $s B" >&2
   # ib_write_bw's BW average is in MB/sec (2^20 bytes); convert to 10^6 bytes like the bench.
-  bw="$(perftest ib_write_bw "$s" "$(iters_for "$s")" | awk '$4 > 0 { printf "%.3f", $4 * 1.048576 }')"
+  # Its MsgRate (Mpps) is the device's rate of single writes, one work request per post.
+  read -r bw msgs < <(perftest ib_write_bw "$s" "$(iters_for "$s")" |
+    awk '$4 > 0 { printf "%.3f %.0f\n", $4 * 1.048576, $5 * 1e6 }') || true
   lat=-
   if [ "$s" -le 65536 ]; then
     lat="$(perftest ib_write_lat "$s" 1000 | awk '$6 > 0 { print $6 }')"
   fi
-  echo "$s ${bw:--} ${lat:--}"
+  echo "$s ${bw:--} ${msgs:--} ${lat:--}"
 done >"$work/perftest.txt"
 
 sweep() { # sweep NAME PLUGIN RUN [VAR=VALUE...]
@@ -143,8 +146,8 @@ num = lambda v: None if v == "-" or not math.isfinite(float(v)) else float(v)
 median = lambda vs: statistics.median(vs) if vs else None
 perf = {}
 for line in open(f"{work}/perftest.txt"):
-    size, bw, lat = line.split()
-    perf[int(size)] = (num(bw), num(lat))
+    size, bw, msgs, lat = line.split()
+    perf[int(size)] = (num(bw), num(msgs), num(lat))
 FIELDS = ["bw_mb_per_s", "msgs_per_s", "lat_us", "cpu_send_us_per_msg", "cpu_recv_us_per_msg"]
 
 def load(name):
@@ -161,10 +164,11 @@ ours = load("plugin")
 other = load("against") if with_against else None
 ratio = lambda a, b: None if not a or not b else a / b
 rows = []
-for size, (pbw, plat) in sorted(perf.items()):
+for size, (pbw, pmsgs, plat) in sorted(perf.items()):
     o = ours["medians"][size]
-    row = {"size": size, "ib_write_bw_mb_per_s": pbw, "ib_write_lat_us": plat, "plugin": o,
-           "bw_vs_ib_write_bw": ratio(o["bw_mb_per_s"], pbw), "lat_vs_ib_write_lat": ratio(o["lat_us"], plat)}
+    row = {"size": size, "ib_write_bw_mb_per_s": pbw, "ib_write_bw_msgs_per_s": pmsgs, "ib_write_lat_us": plat,
+           "plugin": o, "bw_vs_ib_write_bw": ratio(o["bw_mb_per_s"], pbw),
+           "msgs_vs_ib_write_bw": ratio(o["msgs_per_s"], pmsgs), "lat_vs_ib_write_lat": ratio(o["lat_us"], plat)}
     if other:
         a = other["medians"][size]
         # Run i of one plugin over run i of the other (adjacent in time): their spread shows
@@ -191,12 +195,15 @@ if other:
     head += f" {'bw.vs':>9} {'/vs':>5}"
 head += f" {'ib_lat':>8} {'lat':>8} {'/ib':>5}"
 if other:
-    head += f" {'lat.vs':>8} {'/vs':>5} {'msg/s':>8} {'vs':>8} {'/vs':>5}"
+    head += f" {'lat.vs':>8} {'/vs':>5}"
+head += f" {'ib_msg/s':>8} {'msg/s':>8} {'/ib':>5}"
+if other:
+    head += f" {'vs':>8} {'/vs':>5}"
 head += f" {'cpu.s':>6} {'cpu.r':>6}"
 if other:
     head += f" {'vs.s':>6} {'vs.r':>6}"
 print(head)
-print("# bw in MB/s (10^6 B), lat in us (ping-pong, half the round trip), cpu in us per message (bandwidth phase); /ib and /vs are ours over theirs")
+print("# bw in MB/s (10^6 B), lat in us (ping-pong, half the round trip), msg/s in the bandwidth phase (ib_msg/s: ib_write_bw's, one write per message), cpu in us per message (bandwidth phase); /ib and /vs are ours over theirs")
 for r in rows:
     o = r["plugin"]
     line = f"{r['size']:>9} {f(r['ib_write_bw_mb_per_s'], '.1f'):>9} {f(o['bw_mb_per_s'], '.1f'):>9} {f(r['bw_vs_ib_write_bw'], '.2f'):>5}"
@@ -204,8 +211,10 @@ for r in rows:
         line += f" {f(r['against']['bw_mb_per_s'], '.1f'):>9} {f(r['bw_vs_against'], '.2f'):>5}"
     line += f" {f(r['ib_write_lat_us'], '.2f'):>8} {f(o['lat_us'], '.2f'):>8} {f(r['lat_vs_ib_write_lat'], '.2f'):>5}"
     if other:
-        a = r["against"]
-        line += f" {f(a['lat_us'], '.2f'):>8} {f(r['lat_vs_against'], '.2f'):>5} {f(o['msgs_per_s'], '.0f'):>8} {f(a['msgs_per_s'], '.0f'):>8} {f(r['msgs_vs_against'], '.2f'):>5}"
+        line += f" {f(r['against']['lat_us'], '.2f'):>8} {f(r['lat_vs_against'], '.2f'):>5}"
+    line += f" {f(r['ib_write_bw_msgs_per_s'], '.0f'):>8} {f(o['msgs_per_s'], '.0f'):>8} {f(r['msgs_vs_ib_write_bw'], '.2f'):>5}"
+    if other:
+        line += f" {f(r['against']['msgs_per_s'], '.0f'):>8} {f(r['msgs_vs_against'], '.2f'):>5}"
     line += f" {f(o['cpu_send_us_per_msg'], '.1f'):>6} {f(o['cpu_recv_us_per_msg'], '.1f'):>6}"
     if other:
         line += f" {f(r['against']['cpu_send_us_per_msg'], '.1f'):>6} {f(r['against']['cpu_recv_us_per_msg'], '.1f'):>6}"

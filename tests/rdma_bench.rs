@@ -283,9 +283,15 @@ fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
     let rows = doc["results"].as_array().unwrap();
     let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
     assert_eq!(sizes, (3..=12).map(|p| 1u64 << p).collect::<Vec<_>>());
+    // Each perftest figure with this plugin's ratio to it.
+    let perftest = [
+        ("ib_write_bw_mb_per_s", "bw_vs_ib_write_bw"),
+        ("ib_write_bw_msgs_per_s", "msgs_vs_ib_write_bw"),
+        ("ib_write_lat_us", "lat_vs_ib_write_lat"),
+    ];
     let with_perftest = rows
         .iter()
-        .filter(|r| r["ib_write_bw_mb_per_s"].is_f64() && r["ib_write_lat_us"].is_f64())
+        .filter(|r| perftest.iter().all(|(figure, _)| r[*figure].is_f64()))
         .count();
     assert!(with_perftest > 0, "perftest figures in no row: {doc}");
     for row in rows {
@@ -332,10 +338,7 @@ fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
         }
         // perftest on a loaded host sometimes fails a run or prints "inf": the script reports
         // that figure (and its ratio) as null, never as invalid JSON or a made-up number.
-        for (figure, ratio) in [
-            ("ib_write_bw_mb_per_s", "bw_vs_ib_write_bw"),
-            ("ib_write_lat_us", "lat_vs_ib_write_lat"),
-        ] {
+        for (figure, ratio) in perftest {
             assert_eq!(
                 row[ratio].as_f64().is_some_and(|r| r > 0.0),
                 row[figure].as_f64().is_some_and(|v| v > 0.0),
