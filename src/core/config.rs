@@ -147,7 +147,7 @@ pub const KNOBS: &[Knob] = &[
     Knob {
         name: "NCCL_NET_RS_BATCH",
         default: "0",
-        meaning: "1 = hold the clear-to-sends of back-to-back irecvs on a comm and write them as one write at the next other call (at most 10 ms later); 0 = write each inside its irecv, as NCCL's IB transport does",
+        meaning: "1 = hold the clear-to-sends of back-to-back irecvs on a comm and write them as one write at the next other call (or the watcher thread's next tick, 10 to 80 ms apart, when the client makes none); 0 = write each inside its irecv, as NCCL's IB transport does",
     },
 ];
 

@@ -12,9 +12,10 @@
 //! - at the start of every other call into the plugin, on any comm ([`flush_all`], from the
 //!   C entry points): a `test`, an `isend`, an `irecv` on another comm, a close;
 //! - when the chain is full;
-//! - at the latest [`HOLD_LIMIT`] after it was added, by the watcher thread (which calls
-//!   [`flush_all`]): a client that posts receives and then waits outside the plugin (a barrier,
-//!   another library) still makes progress.
+//! - at the watcher thread's next tick ([`flush_stale`]), 10 to 80 ms apart (see `watch`): a
+//!   client that posts receives and then waits outside the plugin (a barrier, another library)
+//!   still makes progress. A tick that finds posts held counts as a client away, which brings
+//!   the ticks back to 10 ms.
 //!
 //! Lock order: a comm's state, then the queue registry, then a queue's chain. The registry walk
 //! only ever *tries* a chain's lock: a chain that is busy belongs to a comm in the middle of a
@@ -23,18 +24,12 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use parking_lot::{Mutex, const_mutex};
 
 use super::conn::Failure;
 use crate::core::error::Result;
 use crate::verbs::{QueuePair, SendChain, WorkRequest};
-
-/// The longest a held post waits when the client makes no further call: the watcher's tick
-/// while any queue may hold. (A 1 ms tick measurably slowed both benchmark processes on the
-/// emulated two-core test bed.)
-pub(crate) const HOLD_LIMIT: Duration = Duration::from_millis(10);
 
 #[derive(Debug)]
 struct Chain {
@@ -234,7 +229,17 @@ fn flush_registered(keep: &[PostQueue]) {
     }
 }
 
-/// Whether any queue may hold posts: the watcher then ticks every [`HOLD_LIMIT`].
+/// Post what every queue of the process holds, for the watcher's tick; whether any held
+/// something (its client made no call since, or is in the middle of one).
+pub(super) fn flush_stale() -> bool {
+    if HOLDING.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    flush_registered(&[]);
+    true
+}
+
+/// Whether any queue may hold posts: the watcher then ticks.
 pub(super) fn any_registered() -> bool {
     REGISTERED.load(Ordering::Acquire) > 0
 }

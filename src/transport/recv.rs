@@ -642,7 +642,7 @@ impl RecvComm {
     }
 
     /// [`Self::progress`]; with `clock_due` the quiet wait reads the clock on this poll (the
-    /// watcher's, which come 10 ms apart).
+    /// watcher's, which come 10 to 80 ms apart).
     fn progress_reading_clock(&self, st: &mut RecvState, clock_due: bool) -> Result<()> {
         self.qps.drain(|member, c| self.handle(st, member, c))?;
         if !st.proto.layout().quiet {

@@ -11,17 +11,20 @@
 //!   and GID changes are logged once per event.
 //!
 //! - **Held posts.** While any comm may hold posts for a batch (`NCCL_NET_RS_BATCH=1`), it
-//!   wakes every [`held::HOLD_LIMIT`] and posts what is still held (see `held`).
+//!   ticks and posts what is still held (see `held`): the client of a queue that still held
+//!   posts at a tick made no call since, and counts as away.
 //! - **Tended comms.** A comm whose progress may not wait for its client's next call (quiet
 //!   receives, see `core::proto`: a receive that writes its CTS only when no eager message
 //!   comes, a sender that writes a refused eager message again from its kept copy) is tended:
 //!   while any exists, the thread wakes and lets each make the progress that is due
 //!   ([`Tend::tend`]), so a client that posts and then waits elsewhere (a barrier, another
-//!   library, another comm) never leaves its peer waiting for good. The ticks come every
-//!   [`held::HOLD_LIMIT`] while a comm owes something and its client made no progress since the
-//!   previous tick ([`ClientProgress`]); otherwise they stretch to [`CLIENT_TICK_LIMIT`]: each
-//!   wake-up takes a CPU from a client that polls (on the emulated two-core test bed, 10-ms
-//!   ticks cost quiet receives 3-11% of their latency and message rate).
+//!   library, another comm) never leaves its peer waiting for good.
+//!
+//! The ticks come every [`AWAY_TICK`] while a client is away: a comm owed something and its
+//! client made no progress since the previous tick ([`ClientProgress`]), or a queue still held
+//! posts; otherwise they stretch to [`CLIENT_TICK_LIMIT`]: each wake-up takes a CPU from a
+//! client that polls (on the emulated two-core test bed, 10-ms ticks cost quiet receives 3-11%
+//! of their latency and message rate, and batching most of what it was measured to cost).
 //!
 //! The thread is started by the first registration and blocks in `epoll_wait` when idle. With
 //! `-z nodelete` the library is never unmapped under it.
@@ -349,15 +352,19 @@ impl Tick {
     }
 }
 
-/// The longest tick, while no tended comm's client is away: the longest a peer waits for a
-/// comm whose client stops calling.
+/// The tick while a client is away. (A 1 ms tick measurably slowed both benchmark processes
+/// on the emulated two-core test bed.)
+const AWAY_TICK: Duration = Duration::from_millis(10);
+
+/// The longest tick, while no client is away: the longest a peer waits for a comm whose client
+/// stops calling.
 const CLIENT_TICK_LIMIT: Duration = Duration::from_millis(80);
 
-/// The tended comms' next tick after one of `tick`: [`held::HOLD_LIMIT`] when a comm's client
-/// is `away`, else twice as long, up to [`CLIENT_TICK_LIMIT`].
+/// The next tick after one of `tick`: [`AWAY_TICK`] when a client is `away`, else twice as
+/// long, up to [`CLIENT_TICK_LIMIT`].
 fn next_tick(tick: Duration, away: bool) -> Duration {
     if away {
-        held::HOLD_LIMIT
+        AWAY_TICK
     } else {
         (tick * 2).min(CLIENT_TICK_LIMIT)
     }
@@ -481,7 +488,7 @@ struct Watcher {
 const WAKE_KEY: u64 = 0;
 
 /// Wake the watcher thread, if it runs: the first queue that may hold posts appeared, so it
-/// must tick every [`held::HOLD_LIMIT`] from now on.
+/// must tick from now on.
 pub(super) fn wake() {
     if let Some(w) = WATCHER.get() {
         w.wake.notify();
@@ -560,19 +567,19 @@ impl Watcher {
 
     fn run(&self) {
         let mut keys = Vec::new();
-        let mut tick = held::HOLD_LIMIT;
+        let mut tick = AWAY_TICK;
         loop {
-            let timeout = if held::any_registered() {
-                held::HOLD_LIMIT
-            } else if !self.tended.lock().is_empty() {
+            let timeout = if held::any_registered() || !self.tended.lock().is_empty() {
                 tick
             } else {
                 Duration::from_secs(1)
             };
             let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(1000);
             let waited = self.epoll.wait(&mut keys, timeout_ms);
-            held::flush_all();
-            tick = next_tick(tick, self.tend_all());
+            // Both run at every tick, whatever the other found.
+            let held_stale = held::flush_stale();
+            let owed_away = self.tend_all();
+            tick = next_tick(tick, held_stale || owed_away);
             if let Err(e) = waited {
                 tracing::warn!("NET/{PLUGIN_NAME}: watcher: {e}");
                 std::thread::sleep(Duration::from_millis(100));
@@ -606,7 +613,7 @@ mod tests {
 
     #[test]
     fn ticks_stretch_while_clients_poll_and_shrink_when_one_is_away() {
-        let mut tick = held::HOLD_LIMIT;
+        let mut tick = AWAY_TICK;
         let stretched: Vec<u128> = (0..5)
             .map(|_| {
                 tick = next_tick(tick, false);
@@ -614,7 +621,7 @@ mod tests {
             })
             .collect();
         assert_eq!(stretched, [20, 40, 80, 80, 80]);
-        assert_eq!(next_tick(tick, true), held::HOLD_LIMIT);
+        assert_eq!(next_tick(tick, true), AWAY_TICK);
     }
 
     #[test]

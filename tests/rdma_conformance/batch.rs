@@ -160,4 +160,10 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         run: a_receiver_that_leaves_the_plugin_still_answers,
         env: BATCH_ON,
     },
+    Scenario {
+        name: "batch/the_watcher_sleeps_while_its_clients_poll",
+        ranks: 2,
+        run: crate::eager::the_watcher_sleeps_while_its_clients_poll,
+        env: BATCH_ON,
+    },
 ];

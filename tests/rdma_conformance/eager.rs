@@ -528,9 +528,10 @@ fn watcher_wakeups() -> u64 {
 }
 
 /// A stream of eager messages whose clients keep polling: the watcher thread, which tends quiet
-/// comms for clients that stop calling, leaves these to their clients and stretches its ticks
-/// (80 ms), instead of waking every 10 ms and taking the CPU a client polls on.
-fn the_watcher_sleeps_while_its_clients_poll(cx: &mut Cx) {
+/// comms and posts held answers for clients that stop calling, leaves these to their clients
+/// and stretches its ticks (80 ms), instead of waking every 10 ms and taking the CPU a client
+/// polls on. (Run with quiet receives, and with batching: `batch/`.)
+pub(crate) fn the_watcher_sleeps_while_its_clients_poll(cx: &mut Cx) {
     const MESSAGES: u64 = 20_000;
     let msgs: Vec<(u64, usize)> = (0..MESSAGES).map(|i| (i, 8)).collect();
     let comm = if cx.rank == 0 {
