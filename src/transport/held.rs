@@ -12,10 +12,9 @@
 //! - at the start of every other call into the plugin, on any comm ([`flush_all`], from the
 //!   C entry points): a `test`, an `isend`, an `irecv` on another comm, a close;
 //! - when the chain is full;
-//! - at the watcher thread's next tick ([`flush_stale`]), 10 to 80 ms apart (see `watch`): a
-//!   client that posts receives and then waits outside the plugin (a barrier, another library)
-//!   still makes progress. A tick that finds posts held counts as a client away, which brings
-//!   the ticks back to 10 ms.
+//! - at the watcher thread's next tick (which calls [`flush_all`]; 10 to 80 ms apart, see
+//!   `watch`): a client that posts receives and then waits outside the plugin (a barrier,
+//!   another library) still makes progress.
 //!
 //! Lock order: a comm's state, then the queue registry, then a queue's chain. The registry walk
 //! only ever *tries* a chain's lock: a chain that is busy belongs to a comm in the middle of a
@@ -227,16 +226,6 @@ fn flush_registered(keep: &[PostQueue]) {
             chain.failed.record(e);
         }
     }
-}
-
-/// Post what every queue of the process holds, for the watcher's tick; whether any held
-/// something (its client made no call since, or is in the middle of one).
-pub(super) fn flush_stale() -> bool {
-    if HOLDING.load(Ordering::Acquire) == 0 {
-        return false;
-    }
-    flush_registered(&[]);
-    true
 }
 
 /// Whether any queue may hold posts: the watcher then ticks.

@@ -11,8 +11,10 @@
 //!   and GID changes are logged once per event.
 //!
 //! - **Held posts.** While any comm may hold posts for a batch (`NCCL_NET_RS_BATCH=1`), it
-//!   ticks and posts what is still held (see `held`): the client of a queue that still held
-//!   posts at a tick made no call since, and counts as away.
+//!   ticks and posts what is still held (see `held`), so a held post waits at most one tick.
+//!   A post found held is no sign that its client is away (a streaming client holds answers
+//!   between its calls), and a client that left holds nothing new, so held posts do not
+//!   shorten the ticks.
 //! - **Tended comms.** A comm whose progress may not wait for its client's next call (quiet
 //!   receives, see `core::proto`: a receive that writes its CTS only when no eager message
 //!   comes, a sender that writes a refused eager message again from its kept copy) is tended:
@@ -20,11 +22,11 @@
 //!   ([`Tend::tend`]), so a client that posts and then waits elsewhere (a barrier, another
 //!   library, another comm) never leaves its peer waiting for good.
 //!
-//! The ticks come every [`AWAY_TICK`] while a client is away: a comm owed something and its
-//! client made no progress since the previous tick ([`ClientProgress`]), or a queue still held
-//! posts; otherwise they stretch to [`CLIENT_TICK_LIMIT`]: each wake-up takes a CPU from a
-//! client that polls (on the emulated two-core test bed, 10-ms ticks cost quiet receives 3-11%
-//! of their latency and message rate, and batching most of what it was measured to cost).
+//! The ticks come every [`AWAY_TICK`] while a tended comm owed something and its client made no
+//! progress since the previous tick ([`ClientProgress`]); otherwise they stretch to
+//! [`CLIENT_TICK_LIMIT`]: each wake-up takes a CPU from a client that polls (on the emulated
+//! two-core test bed, 10-ms ticks cost quiet receives 3-11% of their latency and message rate,
+//! and batching most of what it was measured to cost).
 //!
 //! The thread is started by the first registration and blocks in `epoll_wait` when idle. With
 //! `-z nodelete` the library is never unmapped under it.
@@ -352,16 +354,16 @@ impl Tick {
     }
 }
 
-/// The tick while a client is away. (A 1 ms tick measurably slowed both benchmark processes
-/// on the emulated two-core test bed.)
+/// The tick while a tended comm's client is away. (A 1 ms tick measurably slowed both
+/// benchmark processes on the emulated two-core test bed.)
 const AWAY_TICK: Duration = Duration::from_millis(10);
 
-/// The longest tick, while no client is away: the longest a peer waits for a comm whose client
-/// stops calling.
+/// The longest tick, while no tended comm's client is away: the longest a peer waits for a comm
+/// whose client stops calling, and a held post for its writing.
 const CLIENT_TICK_LIMIT: Duration = Duration::from_millis(80);
 
-/// The next tick after one of `tick`: [`AWAY_TICK`] when a client is `away`, else twice as
-/// long, up to [`CLIENT_TICK_LIMIT`].
+/// The next tick after one of `tick`: [`AWAY_TICK`] when a tended comm's client is `away`, else
+/// twice as long, up to [`CLIENT_TICK_LIMIT`].
 fn next_tick(tick: Duration, away: bool) -> Duration {
     if away {
         AWAY_TICK
@@ -576,10 +578,8 @@ impl Watcher {
             };
             let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(1000);
             let waited = self.epoll.wait(&mut keys, timeout_ms);
-            // Both run at every tick, whatever the other found.
-            let held_stale = held::flush_stale();
-            let owed_away = self.tend_all();
-            tick = next_tick(tick, held_stale || owed_away);
+            held::flush_all();
+            tick = next_tick(tick, self.tend_all());
             if let Err(e) = waited {
                 tracing::warn!("NET/{PLUGIN_NAME}: watcher: {e}");
                 std::thread::sleep(Duration::from_millis(100));
