@@ -16,21 +16,26 @@
 # `lock`-prefixed ones and `xchg` with memory, i.e. atomic read-modify-writes, the plugin's
 # mutexes and the provider's spinlocks) per message, by library, and times an uncontended
 # lock/unlock pair of `lock cmpxchg` on this machine against plain increments.
+#
+# With --split, one more run per entry point splits each call's instructions by library: the
+# plugin's own code, the provider's (librxe) and libc's, per call, so that two plugins' own
+# work can be compared apart from the posts and polls they both make.
 # Needs valgrind, gcc and objdump (`scripts/deps.sh profile`).
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 PLUGIN.so [--preload SHIM.c] [--iters N] [--size BYTES] [--dev DEV] [--locks]" >&2
+  echo "usage: $0 PLUGIN.so [--preload SHIM.c] [--iters N] [--size BYTES] [--dev DEV] [--locks] [--split]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
 plugin=$(realpath "$1")
 shift
-preload="" iters=2000 size=8 dev=rxe0 locks=0
+preload="" iters=2000 size=8 dev=rxe0 locks=0 split=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --preload) preload=$2; shift 2 ;;
     --locks) locks=1; shift ;;
+    --split) split=1; shift ;;
     --iters) iters=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --dev) dev=$2; shift 2 ;;
@@ -52,16 +57,24 @@ if [ -n "$preload" ]; then
   shim="$out/preload.so"
 fi
 
-LD_PRELOAD=$shim valgrind --tool=callgrind --trace-children=yes \
-  --callgrind-out-file="$out/callgrind.%p" "$bench" --plugin "$plugin" --dev "$dev" \
-  --min "$size" --max "$size" --iters 1 --lat-iters "$iters" >"$out/bench.log" 2>&1 ||
-  { cat "$out/bench.log" >&2; exit 1; }
+# Callgrind over the benchmark's ping-pong, both ranks: `profile PATTERN [OPTION...]` writes
+# the profiles to PATTERN (%p: the process), with any further valgrind options.
+profile() {
+  local pattern=$1
+  shift
+  LD_PRELOAD=$shim valgrind --tool=callgrind --trace-children=yes "$@" \
+    --callgrind-out-file="$pattern" "$bench" --plugin "$plugin" --dev "$dev" \
+    --min "$size" --max "$size" --iters 1 --lat-iters "$iters" >"$out/bench.log" 2>&1 ||
+    { cat "$out/bench.log" >&2; exit 1; }
+}
 
-python3 - "$plugin" "$iters" "$out"/callgrind.* <<'EOF'
+profile "$out/callgrind.%p"
+
+python3 - "$plugin" "$iters" "$out/names" "$out"/callgrind.* <<'EOF'
 import os, re, sys
 from collections import defaultdict
 
-plugin, iters, files = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+plugin, iters, names_out, files = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 
 def calls_into_plugin(path):
     """(callee, calls, inclusive Ir) for calls from the benchmark into the plugin."""
@@ -93,23 +106,78 @@ def calls_into_plugin(path):
     data_path = re.compile(r"isend|irecv|test", re.IGNORECASE)
     return [(f, c, ir) for f, (c, ir) in edges.items() if data_path.search(f or "")]
 
+def rank(path):
+    """The benchmark's rank in a profile: 1 for the child it starts with --role client."""
+    for line in open(path):
+        if line.startswith("cmd:"):
+            return 1 if "--role client" in line else 0
+    return 0
+
+names = set()
 for path in sorted(files):
     rows = sorted(calls_into_plugin(path), key=lambda r: r[0])
-    print(f"# {os.path.basename(plugin)}, process {path.rsplit('.', 1)[1]}: "
+    print(f"# {os.path.basename(plugin)}, process {path.rsplit('.', 1)[1]} (rank {rank(path)}): "
           f"{iters} messages each way; per call, per message, calls")
     for name, calls, ir in rows:
         print(f"  {ir / calls:7.0f} {ir / iters:7.0f} {calls:7d}  {name}")
+    names.update(name for name, _, _ in rows)
+open(names_out, "w").write("\n".join(sorted(names)) + "\n")
 EOF
+
+if [ "$split" = 1 ]; then
+  # One run per entry point (those the run above found), collecting only inside it.
+  k=0
+  while read -r name; do
+    profile "$out/split.$k.%p" --collect-atstart=no --toggle-collect="$name"
+    k=$((k + 1))
+  done <"$out/names"
+  python3 - "$out/names" "$out"/split.* <<'EOF'
+import os, re, sys
+from collections import Counter
+
+names = open(sys.argv[1]).read().split("\n")
+print("# per call, by library (each entry point's own instructions and its callees')")
+for path in sorted(sys.argv[2:]):
+    name = names[int(os.path.basename(path).split(".")[1])]
+    rank, by_lib, calls, ids = 0, Counter(), 0, {"ob": {}, "fn": {}}
+    ob = fn = callee = None
+    after_call = False
+    for line in open(path):
+        line = line.rstrip("\n")
+        if line.startswith("cmd:") and "--role client" in line:
+            rank = 1
+        m = re.match(r"(c?)(ob|fn)=\((\d+)\)(?: (.*))?$", line)
+        if m:
+            called, kind, ident, label = m.groups()
+            if label:
+                ids[kind][ident] = label
+            value = ids[kind].get(ident)
+            if kind == "ob" and not called:
+                ob = os.path.basename(value or "")
+            elif kind == "fn":
+                callee, fn = (value, fn) if called else (None, value)
+        elif line.startswith("calls="):
+            # Calls into the entry point from outside it: this run's number of calls.
+            if callee == name and fn != name:
+                calls += int(line.split("=")[1].split()[0])
+            after_call = True
+        elif line[:1] in "0123456789+-*":
+            if not after_call and len(line.split()) > 1:
+                by_lib[ob] += int(line.split()[1])
+            after_call = False
+    if not calls or not by_lib:
+        continue
+    libs = ", ".join(f"{lib} {n / calls:.0f}" for lib, n in by_lib.most_common())
+    print(f"  rank {rank}, {name}: {sum(by_lib.values()) / calls:.0f} = {libs} ({calls} calls)")
+EOF
+fi
 
 [ "$locks" = 1 ] || exit 0
 
 # Only the ping-pong is collected (the benchmark's Endpoint::ping_pong, which holds no lock of
 # its own), every instruction's address kept so that the locked ones can be picked out.
-LD_PRELOAD=$shim valgrind --tool=callgrind --trace-children=yes --dump-instr=yes \
-  --collect-atstart=no --toggle-collect='*Endpoint::ping_pong*' \
-  --callgrind-out-file="$out/locks.%p" "$bench" --plugin "$plugin" --dev "$dev" \
-  --min "$size" --max "$size" --iters 1 --lat-iters "$iters" >"$out/bench.log" 2>&1 ||
-  { cat "$out/bench.log" >&2; exit 1; }
+profile "$out/locks.%p" --dump-instr=yes --collect-atstart=no \
+  --toggle-collect='*Endpoint::ping_pong*'
 
 python3 - "$iters" "$out"/locks.* <<'EOF'
 import os, re, subprocess, sys
