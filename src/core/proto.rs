@@ -174,6 +174,7 @@ impl Layout {
     }
 
     /// The QPs message `seq`, whose receive buffers hold `capacity` bytes, uses, in order.
+    #[inline(always)]
     pub fn qps_for(&self, seq: u64, capacity: u64) -> std::ops::Range<usize> {
         if self.split || self.nqps == 1 {
             return 0..self.nqps;
@@ -698,6 +699,7 @@ impl RecvSide {
     /// # Errors
     /// `Misuse` when `bufs` is empty or longer than [`MAX_RECVS`], or a buffer is larger than
     /// [`MAX_MESSAGE_BYTES`].
+    #[inline(always)]
     pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<(u64, CtsPost)>> {
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
             return Err(Error::misuse(format!(
@@ -885,6 +887,7 @@ pub struct RdmaWrite {
 impl RdmaWrite {
     /// The part of `buf` the `pos`-th of `used` QPs carries into the buffer `cts` advertised,
     /// with the keys of the members QP `qp` connects.
+    #[inline(always)]
     fn chunk(
         layout: &Layout,
         qp: usize,
@@ -1086,6 +1089,7 @@ impl Rendezvous {
 
     /// Match `buf` (request `req`) to unmatched entry `entry` (of its tag), clamped to the
     /// entry's size; returns `(requested, delivered)` when truncated.
+    #[inline(always)]
     fn take_entry(&mut self, entry: usize, buf: SendBuf, req: usize) -> Option<(u64, u64)> {
         let capacity = self.cts[entry].size;
         let truncated = (buf.size > capacity).then_some((buf.size, capacity));
@@ -1323,6 +1327,7 @@ impl SendSide {
     }
 
     /// The next message goes by rendezvous into the receive whose CTS is `entries`.
+    #[inline(always)]
     fn take_cts(&mut self, entries: &[Cts]) -> Result<&mut Rendezvous> {
         let seq = self.next_seq;
         let refusing = refused(entries);
@@ -1399,6 +1404,7 @@ impl SendSide {
     /// The QP, when message `seq` of a `size`-byte send into a single receive of `capacity`
     /// bytes goes as one write-with-immediate on one QP (NCCL's usual message): its size
     /// travels in the immediate and one write carries the payload.
+    #[inline(always)]
     fn one_write(&self, seq: u64, capacity: u64, size: u64) -> Option<usize> {
         let qps = self.layout.qps_for(seq, capacity);
         let single = qps.len() == 1
@@ -1496,6 +1502,7 @@ impl SendSide {
     }
 
     /// Message `seq` goes by rendezvous into the receive that posted `entries`.
+    #[inline(always)]
     fn start_rendezvous(&mut self, seq: u64, entries: &[Cts]) -> &mut Rendezvous {
         let slot = slot_of(seq);
         self.slots[slot] = Some(SendSlot {
@@ -1596,6 +1603,7 @@ impl SendSide {
             && self.held.is_empty()
     }
 
+    #[inline(always)]
     fn take_request(&mut self, seq: u64) -> Option<usize> {
         let req = self.free_requests.pop()?;
         self.requests[req] = Request::In(seq);
@@ -1898,6 +1906,7 @@ fn refused(entries: &[Cts]) -> bool {
 
 /// Check that `entries` are the whole CTS of message `seq`: 1..=MAX_RECVS entries, each
 /// carrying `seq + 1` and the entry count (the refusal flag aside).
+#[inline(always)]
 fn check_cts(seq: u64, entries: &[Cts]) -> Result<()> {
     let n = entries.len();
     let consistent = (1..=MAX_RECVS).contains(&n)

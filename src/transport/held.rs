@@ -1,7 +1,9 @@
 //! Posts held back for a batch. Each QP a comm posts on has a [`PostQueue`]: the comm builds
 //! its work requests in the queue's chain and either posts them at once or holds them, so
 //! that what several calls produce goes in one `ibv_post_send`, and adjacent writes (a run of
-//! answers in the CTS ring) as one write.
+//! answers in the CTS ring) as one write. A single request on a queue that never holds (every
+//! queue unless the comm batches) skips the chain: [`PostQueue::post_one`] posts it at once,
+//! built on the stack, NCCL's usual message costing no chain, lock or loop.
 //!
 //! With `NCCL_NET_RS_BATCH=1` (off by default: on rxe it measured slower, see README
 //! "Performance"), two things are held. A receive comm's answers, across consecutive `irecv`s
@@ -168,6 +170,25 @@ impl PostQueue {
             return Ok(());
         }
         self.queue.post(&mut chain)
+    }
+
+    /// Post `w` now, after what the queue holds: `submit(false, |b| b.push(w))`, without the
+    /// chain for a queue that never holds (its chain is empty between calls, and nothing was
+    /// posted for it outside its comm's calls that could have failed).
+    ///
+    /// # Safety
+    /// As [`Self::submit`], for `w`.
+    ///
+    /// # Errors
+    /// As [`Self::submit`].
+    #[inline]
+    pub(super) unsafe fn post_one(&self, w: &WorkRequest) -> Result<()> {
+        if self.registered {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { self.submit(false, |b| b.push(w)) };
+        }
+        // SAFETY: forwarded from this function's contract; the QP is this queue's.
+        unsafe { self.queue.qp.post_one(w) }
     }
 
     /// Post what the queue holds.

@@ -103,7 +103,7 @@ impl MrHandle {
     ///
     /// # Errors
     /// `Misuse` for a buffer larger than a message may be or outside this registration.
-    #[inline]
+    #[inline(always)]
     pub fn recv_buf(&self, addr: u64, size: u64, tag: i32) -> Result<RecvBuf> {
         check_message_size(size, "a receive buffer")?;
         self.check(addr, size)?;

@@ -155,7 +155,8 @@ pub struct RecvComm {
     answers: Vec<PostQueue>,
     /// One loopback QP per member; empty when flushing is disabled.
     flush: Vec<FlushQp>,
-    /// The answers as they go out: the ring's layout, twice (see [`CTS_STAGING_BYTES`]).
+    /// The answers as they go out: the ring's layout, twice (see
+    /// [`CTS_STAGING_BYTES`](super::conn::CTS_STAGING_BYTES)).
     cts_staging: HostRegion,
     /// Where the sender reads the entries (the ring's layout).
     cts_layout: CtsLayout,
@@ -318,7 +319,7 @@ impl RecvComm {
                 signaled: true,
             };
             // SAFETY: a zero-length write reads no local memory.
-            if unsafe { queue.submit(false, |b| b.push(&wr)) }.is_ok() {
+            if unsafe { queue.post_one(&wr) }.is_ok() {
                 waiting += 1;
             }
         }
@@ -436,7 +437,7 @@ impl RecvComm {
         };
         // SAFETY: the staged word may be rewritten before the NIC reads it, with a larger
         // credit, which is as true (see `CREDIT_STAGING`).
-        unsafe { self.answers[0].submit(false, |b| b.push(&wr)) }
+        unsafe { self.answers[0].post_one(&wr) }
     }
 
     /// Post the receives of `cts`, copy its eager message, and write its entries (for the
@@ -445,6 +446,7 @@ impl RecvComm {
     ///
     /// # Safety
     /// The copy's destination must be a posted receive buffer (`irecv`'s contract).
+    #[inline(always)]
     unsafe fn answer(&self, st: &mut RecvState, cts: &CtsPost, bufs: &[RecvBuf]) -> Result<()> {
         let layout = st.proto.layout();
         for q in cts.recvs.clone() {
@@ -489,20 +491,27 @@ impl RecvComm {
             }
         };
         let hold = self.ctx.config.batch;
-        // SAFETY: these staging bytes are rewritten only for message seq + 2 * SLOTS, posted
-        // after message seq + SLOTS completed, i.e. after the sender read this answer or the
-        // next one in the ring slot, written after this one on the same QP (a connection that
-        // copies eager messages has one QP; otherwise the sender read this answer).
-        unsafe {
-            self.answers[cts.qp].submit(hold, |b| {
-                if self.cts_layout == CtsLayout::Dense && n > 1 {
-                    // A grouped receive's first entry and the rest lie apart in this layout.
+        let queue = &self.answers[cts.qp];
+        // SAFETY (the three posts): these staging bytes are rewritten only for message
+        // seq + 2 * SLOTS, posted after message seq + SLOTS completed, i.e. after the sender
+        // read this answer or the next one in the ring slot, written after this one on the same
+        // QP (a connection that copies eager messages has one QP; otherwise the sender read
+        // this answer).
+        if self.cts_layout == CtsLayout::Dense && n > 1 {
+            // A grouped receive's first entry and the rest lie apart in this layout.
+            // SAFETY: see above.
+            unsafe {
+                queue.submit(hold, |b| {
                     b.push_merged(&write(0, 1, false))?;
                     b.push_merged(&write(1, n - 1, signaled))
-                } else {
-                    b.push_merged(&write(0, n, signaled))
-                }
-            })
+                })
+            }
+        } else if hold {
+            // SAFETY: see above.
+            unsafe { queue.submit(true, |b| b.push_merged(&write(0, n, signaled))) }
+        } else {
+            // SAFETY: see above.
+            unsafe { queue.post_one(&write(0, n, signaled)) }
         }
     }
 
@@ -562,7 +571,7 @@ impl RecvComm {
             };
             // SAFETY: the scratch region lives as long as the comm; the read source is a
             // registered receive buffer NCCL keeps alive until this request completes.
-            if let Err(e) = unsafe { flush.posts.submit(false, |b| b.push(&wr)) } {
+            if let Err(e) = unsafe { flush.posts.post_one(&wr) } {
                 return Err(st.failed.record(e));
             }
         }

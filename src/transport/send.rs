@@ -14,7 +14,7 @@ use super::conn::{
     check_alive, check_peer, completion_error, connection_qps, describe_eager, describe_local,
     describe_remote, local_hello, quiet_receives, random_u64,
 };
-use super::held::{Builder, PostQueue};
+use super::held::PostQueue;
 use super::mr::MrHandle;
 use super::watch::{ClientProgress, Tend, Tended, Tick, Watched};
 use super::wire_io::HandshakeStream;
@@ -346,7 +346,7 @@ impl SendComm {
             self.trace_truncated(single.truncated);
             // SAFETY: the payload is NCCL's, unchanged until test() reports done (this
             // function's contract).
-            let posted = unsafe { self.post(std::slice::from_ref(&single.post), false) };
+            let posted = unsafe { self.post_one(&single.post) };
             return posted
                 .map(|()| Some(single.req))
                 .map_err(|e| st.failed.record(e));
@@ -572,41 +572,44 @@ impl SendComm {
     /// # Safety
     /// The payloads `posts` read stay unchanged until their completions (isend's contract).
     unsafe fn post(&self, posts: &[Post], hold: bool) -> Result<()> {
+        if let [p] = posts
+            && !hold
+        {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { self.post_one(p) };
+        }
         for run in posts.chunk_by(|a, b| a.qp() == b.qp()) {
             // SAFETY: forwarded from this function's contract; the sizes and header staging
             // slots are rewritten only after this slot's completion.
             unsafe {
-                self.posts[run[0].qp()]
-                    .submit(hold, |b| run.iter().try_for_each(|p| self.add(b, p)))
+                self.posts[run[0].qp()].submit(hold, |b| {
+                    run.iter().try_for_each(|p| b.push(&self.work_request(p)?))
+                })
             }?;
         }
         Ok(())
     }
 
-    /// Add the work request of `p` to its QP's chain.
-    fn add(&self, b: &mut Builder<'_>, p: &Post) -> Result<()> {
-        let request = |w: &RdmaWrite, wr_id: u64, op: Op, signaled: bool| {
-            let len =
-                u32::try_from(w.len).map_err(|_| Error::misuse("message larger than 4 GiB"))?;
-            Ok::<_, Error>(WorkRequest {
-                wr_id,
-                op,
-                local: Sge {
-                    addr: w.local_addr,
-                    len,
-                    lkey: w.lkey,
-                },
-                tail: Sge::default(),
-                remote_addr: w.remote_addr,
-                rkey: w.rkey,
-                signaled,
-            })
-        };
+    /// Post `p` alone and at once, NCCL's usual message: a data write built here, without the
+    /// general [`Self::work_request`].
+    ///
+    /// # Safety
+    /// As [`Self::post`].
+    #[inline(always)]
+    unsafe fn post_one(&self, p: &Post) -> Result<()> {
         let wr = match *p {
-            Post::Write(w) => request(&w, WR_DATA, Op::Write, false)?,
-            Post::WriteImm { write, imm, slot } => {
-                request(&write, WR_SEND_DONE | slot as u64, Op::WriteImm(imm), true)?
-            }
+            Post::WriteImm { write, imm, slot } => data_write(&write, imm, slot)?,
+            _ => self.work_request(p)?,
+        };
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.posts[p.qp()].post_one(&wr) }
+    }
+
+    /// The work request of `p` (an eager message's header staged for it).
+    fn work_request(&self, p: &Post) -> Result<WorkRequest> {
+        let wr = match *p {
+            Post::Write(w) => write_request(&w, WR_DATA, Op::Write, false)?,
+            Post::WriteImm { write, imm, slot } => data_write(&write, imm, slot)?,
             Post::Eager {
                 qp,
                 slot,
@@ -690,10 +693,10 @@ impl SendComm {
                     remote_addr: self.remote_sizes_addr + offset as u64,
                     rkey: self.remote_sizes_rkeys[self.layout.remote_member(qp)],
                 };
-                request(&write, WR_DATA, Op::Write, false)?
+                write_request(&write, WR_DATA, Op::Write, false)?
             }
         };
-        b.push(&wr)
+        Ok(wr)
     }
 
     fn progress(&self, st: &mut SendState) -> Result<()> {
@@ -750,4 +753,33 @@ impl Tend for SendComm {
         let _ = self.deliver(&mut st);
         Tick::owed(polled)
     }
+}
+
+/// The work request of RDMA write `w`.
+///
+/// # Errors
+/// `Misuse` for a write of 4 GiB or more (one request moves less).
+fn write_request(w: &RdmaWrite, wr_id: u64, op: Op, signaled: bool) -> Result<WorkRequest> {
+    let len = u32::try_from(w.len).map_err(|_| Error::misuse("message larger than 4 GiB"))?;
+    Ok(WorkRequest {
+        wr_id,
+        op,
+        local: Sge {
+            addr: w.local_addr,
+            len,
+            lkey: w.lkey,
+        },
+        tail: Sge::default(),
+        remote_addr: w.remote_addr,
+        rkey: w.rkey,
+        signaled,
+    })
+}
+
+/// The write-with-immediate of a message's data into its receive (`slot`'s message).
+///
+/// # Errors
+/// As [`write_request`].
+fn data_write(write: &RdmaWrite, imm: u32, slot: usize) -> Result<WorkRequest> {
+    write_request(write, WR_SEND_DONE | slot as u64, Op::WriteImm(imm), true)
 }

@@ -324,16 +324,54 @@ impl QueuePair {
         // SAFETY: as above.
         unsafe { (*last).next = after };
         if rc != 0 {
-            let device = self.pd.device().name();
-            return Err(Error::system(
-                format!(
-                    "ibv_post_send of {n} work requests on {device} QP {:#x} failed",
-                    self.qpn
-                ),
-                io::Error::from_raw_os_error(rc),
-            ));
+            return Err(self.post_failed(n, rc));
         }
         Ok(())
+    }
+
+    /// Post `w` alone with one `ibv_post_send`, its C request built on the stack: what
+    /// [`Self::post`] of a chain holding only `w` does, without a chain.
+    ///
+    /// # Safety
+    /// As [`Self::post`], for `w`'s ranges.
+    ///
+    /// # Errors
+    /// As [`Self::post`].
+    #[inline(always)]
+    pub unsafe fn post_one(&self, w: &WorkRequest) -> Result<()> {
+        // SAFETY: all-zero is a valid ibv_send_wr (NULL pointers, zero fields).
+        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        let empty = sys::ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        };
+        let mut pair = [empty; 2];
+        fill(&mut wr, &mut pair, w, self.max_inline);
+        wr.sg_list = pair.as_mut_ptr();
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; `wr` and its SGEs live across the call (inline data is copied by
+        // it, the rest the provider reads from the registered memory the caller vouched for).
+        let rc = unsafe { sys::ibv_post_send(self.raw.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(self.post_failed(1, rc));
+        }
+        Ok(())
+    }
+
+    /// The error of an `ibv_post_send` of `n` requests that returned `rc`. Out of line: the
+    /// posts' success path should carry none of this.
+    #[cold]
+    #[inline(never)]
+    fn post_failed(&self, n: usize, rc: i32) -> Error {
+        let device = self.pd.device().name();
+        Error::system(
+            format!(
+                "ibv_post_send of {n} work requests on {device} QP {:#x} failed",
+                self.qpn
+            ),
+            io::Error::from_raw_os_error(rc),
+        )
     }
 
     /// Post one receive with no scatter/gather entry (it only absorbs a write-with-immediate).
@@ -399,6 +437,36 @@ fn send_flags(signaled: bool, bytes: u64, max_inline: u32, op: Op) -> u32 {
     (if signaled { IBV_SEND_SIGNALED } else { 0 }) | (if inline { IBV_SEND_INLINE } else { 0 })
 }
 
+/// Write `w` into C request `wr` and its two SGEs, for a QP that takes `max_inline` bytes
+/// inline (`wr.sg_list`, pointing at `pair`, and `wr.next` are the caller's).
+fn fill(wr: &mut sys::ibv_send_wr, pair: &mut [sys::ibv_sge; 2], w: &WorkRequest, max_inline: u32) {
+    let pieces = match (w.local.len, w.tail.len) {
+        (0, _) => 0,
+        (_, 0) => 1,
+        _ => 2,
+    };
+    let (opcode, imm) = match w.op {
+        Op::Write => (sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, 0),
+        Op::WriteImm(imm) => (sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, imm),
+        Op::Read => (sys::ibv_wr_opcode::IBV_WR_RDMA_READ, 0),
+    };
+    let sge = |s: &Sge| sys::ibv_sge {
+        addr: s.addr,
+        length: s.len,
+        lkey: s.lkey,
+    };
+    *pair = [sge(&w.local), sge(&w.tail)];
+    wr.wr_id = w.wr_id;
+    wr.num_sge = pieces;
+    wr.opcode = opcode;
+    wr.send_flags = send_flags(w.signaled, w.bytes(), max_inline, w.op);
+    wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+    wr.wr.rdma = sys::rdma_t {
+        remote_addr: w.remote_addr,
+        rkey: w.rkey,
+    };
+}
+
 impl SendChain {
     fn new(max_inline: u32) -> Self {
         let wrs = NonNull::from(Box::leak(
@@ -456,33 +524,9 @@ impl SendChain {
         if self.len == CHAIN_CAPACITY {
             return false;
         }
-        let pieces = match (w.local.len, w.tail.len) {
-            (0, _) => 0,
-            (_, 0) => 1,
-            _ => 2,
-        };
-        let (opcode, imm) = match w.op {
-            Op::Write => (sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, 0),
-            Op::WriteImm(imm) => (sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, imm),
-            Op::Read => (sys::ibv_wr_opcode::IBV_WR_RDMA_READ, 0),
-        };
-        let flags = send_flags(w.signaled, w.bytes(), self.max_inline, w.op);
+        let max_inline = self.max_inline;
         let (wr, pair) = self.entry(self.len);
-        let sge = |s: &Sge| sys::ibv_sge {
-            addr: s.addr,
-            length: s.len,
-            lkey: s.lkey,
-        };
-        *pair = [sge(&w.local), sge(&w.tail)];
-        wr.wr_id = w.wr_id;
-        wr.num_sge = pieces;
-        wr.opcode = opcode;
-        wr.send_flags = flags;
-        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-        wr.wr.rdma = sys::rdma_t {
-            remote_addr: w.remote_addr,
-            rkey: w.rkey,
-        };
+        fill(wr, pair, w, max_inline);
         self.len += 1;
         true
     }
