@@ -492,26 +492,26 @@ impl RecvComm {
         };
         let hold = self.ctx.config.batch;
         let queue = &self.answers[cts.qp];
-        // SAFETY (the three posts): these staging bytes are rewritten only for message
-        // seq + 2 * SLOTS, posted after message seq + SLOTS completed, i.e. after the sender
-        // read this answer or the next one in the ring slot, written after this one on the same
-        // QP (a connection that copies eager messages has one QP; otherwise the sender read
-        // this answer).
-        if self.cts_layout == CtsLayout::Dense && n > 1 {
-            // A grouped receive's first entry and the rest lie apart in this layout.
-            // SAFETY: see above.
-            unsafe {
-                queue.submit(hold, |b| {
+        // A grouped receive's first entry and the rest lie apart in the dense layout.
+        let apart = self.cts_layout == CtsLayout::Dense && n > 1;
+        if !hold && !apart {
+            // NCCL's usual answer, one write: posted at once.
+            // SAFETY: as below.
+            return unsafe { queue.post_one(&write(0, n, signaled)) };
+        }
+        // SAFETY: these staging bytes are rewritten only for message seq + 2 * SLOTS, posted
+        // after message seq + SLOTS completed, i.e. after the sender read this answer or the
+        // next one in the ring slot, written after this one on the same QP (a connection that
+        // copies eager messages has one QP; otherwise the sender read this answer).
+        unsafe {
+            queue.submit(hold, |b| {
+                if apart {
                     b.push_merged(&write(0, 1, false))?;
                     b.push_merged(&write(1, n - 1, signaled))
-                })
-            }
-        } else if hold {
-            // SAFETY: see above.
-            unsafe { queue.submit(true, |b| b.push_merged(&write(0, n, signaled))) }
-        } else {
-            // SAFETY: see above.
-            unsafe { queue.post_one(&write(0, n, signaled)) }
+                } else {
+                    b.push_merged(&write(0, n, signaled))
+                }
+            })
         }
     }
 

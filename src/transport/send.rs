@@ -567,7 +567,8 @@ impl SendComm {
 
     /// Post `posts` (grouped by QP, in order): each QP's run goes through its queue, in one
     /// `ibv_post_send` with what the queue holds unless it fills the chain; with `hold`, kept
-    /// in the queues for a later post (only queues that hold, see `held`).
+    /// in the queues for a later post (only queues that hold, see `held`). A single post not
+    /// held goes through [`Self::post_one`].
     ///
     /// # Safety
     /// The payloads `posts` read stay unchanged until their completions (isend's contract).
@@ -590,8 +591,8 @@ impl SendComm {
         Ok(())
     }
 
-    /// Post `p` alone and at once, NCCL's usual message: a data write built here, without the
-    /// general [`Self::work_request`].
+    /// Post `p` alone and at once: NCCL's usual message, its data write built here; any other
+    /// post through [`Self::work_request`].
     ///
     /// # Safety
     /// As [`Self::post`].
