@@ -62,12 +62,20 @@ pub fn set_filter(directive: &str) {
 
 /// Run `f` with the plugin's dispatcher current. Free when the global default was accepted.
 pub fn scoped<T>(f: impl FnOnce() -> T) -> T {
-    let state = state();
-    if state.global {
-        f()
-    } else {
-        tracing::dispatcher::with_default(&state.dispatch, f)
+    scoped_in(state(), f)
+}
+
+/// [`scoped`] with `state`'s dispatcher.
+#[inline(always)]
+fn scoped_in<T>(state: &LogState, f: impl FnOnce() -> T) -> T {
+    // `f` is called in one place, so that each entry point's body inlines into it; the guard
+    // is dropped by hand, so that the global case calls no drop.
+    let scope = (!state.global).then(|| tracing::dispatcher::set_default(&state.dispatch));
+    let out = f();
+    if let Some(guard) = scope {
+        drop(guard);
     }
+    out
 }
 
 /// Collects an event's message and fields into one line.
@@ -112,5 +120,56 @@ impl<S: Subscriber> Layer<S> for NcclLayer {
         if !logger::emit(&record) {
             eprintln!("nccl-net-rsib {} {}", meta.level(), line.0);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Counts the events it sees.
+    struct Counting(Arc<AtomicUsize>);
+
+    impl<S: Subscriber> Layer<S> for Counting {
+        fn on_event(&self, _event: &Event<'_>, _ctx: Context<'_, S>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counting_state(global: bool) -> (LogState, Arc<AtomicUsize>) {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let (_, filter) = reload::Layer::new(EnvFilter::new(DEFAULT_DIRECTIVE));
+        let dispatch = Dispatch::new(Registry::default().with(Counting(Arc::clone(&seen))));
+        let state = LogState {
+            dispatch,
+            filter,
+            global,
+        };
+        (state, seen)
+    }
+
+    #[test]
+    fn without_the_global_default_the_dispatcher_is_current_only_inside_each_call() {
+        let (state, seen) = counting_state(false);
+        scoped_in(&state, || tracing::warn!("inside"));
+        tracing::warn!("outside");
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+        assert_eq!(scoped_in(&state, || 7), 7, "the call's value comes back");
+        // A panic inside (caught at the C boundary) leaves no dispatcher behind.
+        let caught = catch_unwind(AssertUnwindSafe(|| scoped_in(&state, || panic!("inside"))));
+        assert!(caught.is_err());
+        tracing::warn!("outside again");
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn with_the_global_default_a_call_installs_nothing() {
+        let (state, seen) = counting_state(true);
+        scoped_in(&state, || tracing::warn!("inside"));
+        assert_eq!(seen.load(Ordering::SeqCst), 0);
     }
 }
