@@ -1362,6 +1362,7 @@ impl SendSide {
     ///
     /// # Errors
     /// `Misuse` when `buf` is larger than [`MAX_MESSAGE_BYTES`].
+    #[inline(always)]
     pub fn isend_single(&mut self, cts: &Cts, buf: SendBuf) -> Result<Option<SingleSend>> {
         check_message_size(buf.size, "a send")?;
         let seq = self.next_seq;

@@ -222,9 +222,15 @@ impl QpSet {
     /// QP index of the QP numbered `qpn` on `member` (QP numbers are unique per device only,
     /// so two members may both have a QP 0x11).
     pub(super) fn index_of(&self, member: usize, qpn: u32) -> Option<usize> {
-        (member..self.qps.len())
-            .step_by(self.cqs.len())
-            .find(|&i| self.qps[i].qpn() == qpn)
+        // A plain walk: `step_by` on a range divides to size itself, on every completion.
+        let mut i = member;
+        while let Some(qp) = self.qps.get(i) {
+            if qp.qpn() == qpn {
+                return Some(i);
+            }
+            i += self.cqs.len().max(1);
+        }
+        None
     }
 
     /// Bring every QP to RTS towards the peer's QPs, pairwise: QP `i` on local member

@@ -373,6 +373,7 @@ impl SendComm {
     /// NCCL's usual send, without the general way's bookkeeping: the next message's CTS is in
     /// the ring, for a single receive with `buf`'s tag, and nothing else waits on the ring
     /// (see [`SendSide::isend_single`]). `Ok(None)`, with nothing taken, otherwise.
+    #[inline(always)]
     fn isend_single(&self, st: &mut SendState, buf: SendBuf) -> Result<Option<SingleSend>> {
         let Some((seq, slot)) = st.proto.single_cts() else {
             return Ok(None);
