@@ -102,14 +102,21 @@ pub const POSTS_PER_MESSAGE: usize = MAX_RECVS * WRITES_PER_CHUNK + 2;
 ///
 /// # Errors
 /// `Misuse` (NCCL never passes more than the `maxP2pBytes` it was told).
+#[inline(always)]
 pub fn check_message_size(size: u64, what: &str) -> Result<()> {
     if size > MAX_MESSAGE_BYTES {
-        return Err(Error::misuse(format!(
-            "{what} of {size} bytes is larger than the {MAX_MESSAGE_BYTES} bytes this plugin \
-             advertises as maxP2pBytes"
-        )));
+        return Err(too_large(size, what));
     }
     Ok(())
+}
+
+/// [`check_message_size`]'s error, out of line: every `isend` and `irecv` makes the check.
+#[cold]
+fn too_large(size: u64, what: &str) -> Error {
+    Error::misuse(format!(
+        "{what} of {size} bytes is larger than the {MAX_MESSAGE_BYTES} bytes this plugin \
+         advertises as maxP2pBytes"
+    ))
 }
 
 /// How a connection spreads messages over its QPs. QP `i` lives on local member
@@ -1348,6 +1355,7 @@ impl SendSide {
     /// message awaits its answer, no send is held and the next message's slot is free, so
     /// that reading the ring would hand [`Self::handle_cts`] that message's CTS and nothing
     /// before it.
+    #[inline(always)]
     pub fn single_cts(&self) -> Option<(u64, usize)> {
         if !self.awaiting.is_empty() || !self.held.is_empty() {
             return None;
@@ -1581,6 +1589,7 @@ impl SendSide {
     /// With quiet receives, whether a send into the single receive whose CTS is `cts` goes
     /// eagerly into the copy that CTS promised rather than by rendezvous: one write either
     /// way, and the receiver, seeing an eager message, may post the next receive quietly.
+    #[inline(always)]
     fn promise_takes(&self, cts: &Cts, buf: &SendBuf) -> bool {
         self.layout.quiet
             && cts.nreqs == 1

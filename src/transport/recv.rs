@@ -603,6 +603,7 @@ impl RecvComm {
     }
 
     /// `Err` once the device failed or the sender is gone (closed its comm, or its process).
+    #[inline(always)]
     fn check_alive(&self) -> Result<()> {
         check_alive(&self.ctx, self.link.as_ref(), "send comm")
     }

@@ -343,7 +343,9 @@ impl SendComm {
         let mut st = self.state.lock();
         st.failed.check()?;
         if let Some(single) = self.isend_single(&mut st, buf)? {
-            self.trace_truncated(single.truncated);
+            if let Some(truncated) = single.truncated {
+                self.trace_truncated(truncated);
+            }
             // SAFETY: the payload is NCCL's, unchanged until test() reports done (this
             // function's contract).
             let posted = unsafe { self.post_one(&single.post) };
@@ -360,7 +362,9 @@ impl SendComm {
             }
             return Ok(None);
         };
-        self.trace_truncated(accepted.truncated);
+        if let Some(truncated) = accepted.truncated {
+            self.trace_truncated(truncated);
+        }
         // SAFETY: as above.
         let posted = unsafe { self.post(&accepted.posts, false) };
         st.proto.recycle(accepted.posts);
@@ -392,17 +396,18 @@ impl SendComm {
     }
 
     /// Entry `i` of ring slot `slot`, once [`Self::entry_seq`] showed it written.
+    #[inline(always)]
     fn entry(&self, slot: usize, i: usize) -> Cts {
         Cts::parse(&self.cts_ring.read(self.cts_layout.offset(slot, i)))
     }
 
-    fn trace_truncated(&self, truncated: Option<(u64, u64)>) {
-        if let Some((asked, sent)) = truncated {
-            tracing::trace!(
-                "isend of {asked} bytes truncated to the posted receive size {sent} ({})",
-                self.remote
-            );
-        }
+    /// Log a truncated send at TRACE: out of line, as truncation is rare.
+    #[cold]
+    fn trace_truncated(&self, (asked, sent): (u64, u64)) {
+        tracing::trace!(
+            "isend of {asked} bytes truncated to the posted receive size {sent} ({})",
+            self.remote
+        );
     }
 
     /// Take what the receiver wrote into the CTS ring, in order: answers to eager messages,
@@ -477,6 +482,7 @@ impl SendComm {
     }
 
     /// `Err` once the device failed or the receiver is gone (closed its comm, or its process).
+    #[inline(always)]
     fn check_alive(&self) -> Result<()> {
         check_alive(&self.ctx, self.link.as_ref(), "receive comm")
     }
