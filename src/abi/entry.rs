@@ -34,12 +34,17 @@ pub(super) fn entry(op: &'static str, body: impl FnOnce() -> Result<()>) -> nccl
 }
 
 /// Catch panics, map errors once, log once: every entry point, `irecv` without posting what is
-/// held first (its comm's answers may join the one it writes).
+/// held first (its comm's answers may join the one it writes). Inlined into each C function,
+/// whose body it is.
+#[inline(always)]
 fn guarded(op: &'static str, body: impl FnOnce() -> Result<()>) -> ncclResult_t {
-    match catch_unwind(AssertUnwindSafe(|| log::scoped(body))) {
-        Ok(Ok(())) => ncclSuccess,
-        failed => report(op, failed),
+    let outcome = catch_unwind(AssertUnwindSafe(|| log::scoped(body)));
+    if matches!(outcome, Ok(Ok(()))) {
+        // Holds nothing to drop: forgotten, so that the success path calls no drop glue.
+        std::mem::forget(outcome);
+        return ncclSuccess;
     }
+    report(op, outcome)
 }
 
 /// The code and log line of an entry point that failed or panicked. Out of line: `test` runs
@@ -457,22 +462,22 @@ pub(super) unsafe fn irecv(
         // SAFETY: as above.
         let mhandles = unsafe { array(mhandles, n, "mhandles") }?;
         let arrays = (data, sizes, tags, mhandles);
-        // A single receive, NCCL's usual case, builds no group of eight.
-        let (single, mut group);
-        let bufs: &[_] = if n == 1 {
+        // A single receive, NCCL's usual case, builds no group of eight, and its call of the
+        // inlined `irecv` knows it has one buffer.
+        let started = if n == 1 {
             // SAFETY: NCCL passes back handles regMr returned.
-            single = [unsafe { recv_buf(arrays, 0) }?];
-            &single
+            let single = [unsafe { recv_buf(arrays, 0) }?];
+            // SAFETY: NCCL keeps the buffers writable until test() reports this request done.
+            unsafe { comm.comm.irecv(&single) }?
         } else {
-            group = Group::default();
+            let mut group = Group::default();
             for i in 0..n {
-                // SAFETY: as above.
+                // SAFETY: NCCL passes back handles regMr returned.
                 group.push(unsafe { recv_buf(arrays, i) }?);
             }
-            &group
+            // SAFETY: as above.
+            unsafe { comm.comm.irecv(&group) }?
         };
-        // SAFETY: NCCL keeps the buffers writable until test() reports this request done.
-        let started = unsafe { comm.comm.irecv(bufs) }?;
         out.write(started.map_or(ptr::null_mut(), |i| comm.request(i)));
         Ok(())
     })

@@ -12,7 +12,7 @@ use super::types::{
     ncclProfilerCallback_t, ncclResult_t,
 };
 use super::v8::net_listen_v8;
-use super::v9::{net_get_properties_v9, net_irecv_v9, net_make_vdevice_v9};
+use super::v9::{net_get_properties_v9, net_make_vdevice_v9};
 use crate::plugin::{DeviceModel, traffic_class_of};
 
 /// Looked up by NCCL 2.26 and later.
@@ -87,5 +87,5 @@ pub(super) unsafe extern "C" fn net_irecv_v10(
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     // SAFETY: forwarded from NCCL (v9's irecv, without the profiler handles).
-    unsafe { net_irecv_v9(recv_comm, n, data, sizes, tags, mhandles, request) }
+    unsafe { entry::irecv(recv_comm, n, data, sizes, tags, mhandles, request) }
 }

@@ -355,6 +355,7 @@ impl RecvComm {
     ///
     /// # Errors
     /// A failed comm's error; `Misuse` for a bad group.
+    #[inline(always)]
     pub unsafe fn irecv(&self, bufs: &[RecvBuf]) -> Result<Option<usize>> {
         // Answers held on other comms go now; this comm's may join this one's in one write.
         held::flush_all_but(&self.answers);
