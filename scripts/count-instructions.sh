@@ -65,7 +65,13 @@ profile() {
   LD_PRELOAD=$shim valgrind --tool=callgrind --trace-children=yes "$@" \
     --callgrind-out-file="$pattern" "$bench" --plugin "$plugin" --dev "$dev" \
     --min "$size" --max "$size" --iters 1 --lat-iters "$iters" >"$out/bench.log" 2>&1 ||
-    { cat "$out/bench.log" >&2; exit 1; }
+    {
+      rc=$?
+      echo "$0: the profiled benchmark failed (exit $rc, profile ${pattern##*/}); its output:" >&2
+      cat "$out/bench.log" >&2
+      df -h "$out" >&2
+      exit 1
+    }
 }
 
 profile "$out/callgrind.%p"
