@@ -399,14 +399,14 @@ pub enum Arrived {
 pub struct RecvSide {
     layout: Layout,
     next_seq: u64,
-    slots: Vec<Option<RecvSlot>>,
+    slots: [Option<RecvSlot>; SLOTS],
     expected: Vec<VecDeque<u64>>,
     /// The message at which the sender renumbers its eager sends (a grouped receive, or one
     /// for another tag): eager messages after it are dropped unanswered, none is copied from
     /// it on.
     stopped_at: Option<u64>,
     /// Per bounce slot, an eager message waiting for its receive.
-    arrivals: Vec<Option<Arrival>>,
+    arrivals: [Option<Arrival>; SLOTS],
     /// The latest message that arrived eagerly: the next receive may be quiet.
     last_eager: Option<u64>,
     /// The latest message that arrived came eagerly (none came by rendezvous since): the
@@ -430,10 +430,10 @@ impl RecvSide {
         Self {
             layout,
             next_seq: 0,
-            slots: vec![None; SLOTS],
+            slots: [None; SLOTS],
             expected: vec![VecDeque::new(); layout.nqps],
             stopped_at: None,
-            arrivals: vec![None; SLOTS],
+            arrivals: [None; SLOTS],
             last_eager: None,
             eager_flowing: false,
             late: Vec::new(),
@@ -1159,7 +1159,7 @@ pub struct SendSide {
     layout: Layout,
     /// The message the next send joins.
     next_seq: u64,
-    slots: Vec<Option<SendSlot>>,
+    slots: [Option<SendSlot>; SLOTS],
     /// Per slot, the CTS and matched sends of the message in it while it goes by rendezvous.
     rendezvous: Vec<Rendezvous>,
     requests: Vec<Request>,
@@ -1177,14 +1177,14 @@ pub struct SendSide {
     expected_tag: Option<i32>,
     /// Per slot, completions of eager writes whose message went on by rendezvous or was
     /// renumbered before the sender's own completion arrived.
-    strays: Vec<u32>,
+    strays: [u32; SLOTS],
     /// Per slot, the eager message written into its bounce slot that the receiver has not yet
     /// shown it read: an acknowledgement shows it (written after the copy), and so does any
     /// later answer in the slot (the receive of the next message there is posted only after
     /// this one completed) or a credit past it. A promise or a refusal does not: the receiver
     /// reads the bounce slot when it handles the arrival, which may come after the sender's own
     /// write completed. No eager message goes into such a slot.
-    unread: Vec<Option<u64>>,
+    unread: [Option<u64>; SLOTS],
     /// The vector the next [`Accepted::posts`] is built in, handed back by [`Self::recycle`]
     /// so that sending allocates nothing once it has grown to a message's posts.
     spare_posts: Vec<Post>,
@@ -1200,7 +1200,7 @@ impl SendSide {
         Self {
             layout,
             next_seq: 0,
-            slots: vec![None; SLOTS],
+            slots: [None; SLOTS],
             rendezvous: vec![Rendezvous::default(); SLOTS],
             requests: vec![Request::Free; SEND_REQUESTS],
             free_requests: (0..SEND_REQUESTS).rev().collect(),
@@ -1208,8 +1208,8 @@ impl SendSide {
             held: VecDeque::with_capacity(SLOTS),
             eager: layout.eager_bytes > 0,
             expected_tag: None,
-            strays: vec![0; SLOTS],
-            unread: vec![None; SLOTS],
+            strays: [0; SLOTS],
+            unread: [None; SLOTS],
             credit: 0,
             spare_posts: Vec::new(),
             staging: None,
