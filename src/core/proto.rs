@@ -889,6 +889,9 @@ pub struct RdmaWrite {
     pub remote_addr: u64,
     /// Destination key.
     pub rkey: u32,
+    /// The source is host memory (a `NCCL_PTR_HOST` registration, or the plugin's own): the
+    /// glue may let the provider copy it with the CPU (inline data); a GPU buffer's it may not.
+    pub host: bool,
 }
 
 impl RdmaWrite {
@@ -911,6 +914,7 @@ impl RdmaWrite {
             len,
             remote_addr: cts.addr + off,
             rkey: cts.rkeys[layout.remote_member(qp)],
+            host: buf.host,
         }
     }
 }

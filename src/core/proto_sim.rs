@@ -894,6 +894,31 @@ fn messages_over_the_threshold_and_gpu_buffers_wait_for_the_cts() {
     assert_delivered(&p, 8192, 0, EAGER + 1);
 }
 
+/// The glue lets the provider copy a write's source with the CPU (inline data) only for host
+/// memory: each data write says which its source is, and a GPU buffer's few bytes are read by
+/// the NIC (NCCL's transport posts no data inline).
+#[test]
+fn data_writes_say_whether_their_source_is_host_memory() {
+    for host in [true, false] {
+        let mut p = Pair::eager(EAGER, 1);
+        let slot = p.irecv(&[rbuf(8192, 64, 1)]).unwrap();
+        let a = p
+            .isend(SendBuf {
+                host,
+                ..sbuf(10, 8, 1)
+            })
+            .unwrap()
+            .unwrap();
+        let [Post::WriteImm { write, .. }] = a.posts[..] else {
+            panic!("{:?}", a.posts)
+        };
+        assert_eq!(write.host, host);
+        p.deliver_all();
+        assert_eq!(p.received(slot), Some(vec![8]));
+        assert_delivered(&p, 8192, 10, 8);
+    }
+}
+
 #[test]
 fn a_receive_posted_first_takes_the_rendezvous_path() {
     let mut p = Pair::eager(EAGER, 1);

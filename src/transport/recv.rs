@@ -317,6 +317,7 @@ impl RecvComm {
                 remote_addr: self.remote_ring_addr,
                 rkey: self.remote_ring_rkeys[layout.remote_member(q)],
                 signaled: true,
+                cpu_readable: true,
             };
             // SAFETY: a zero-length write reads no local memory.
             if unsafe { queue.post_one(&wr) }.is_ok() {
@@ -435,6 +436,7 @@ impl RecvComm {
             remote_addr: self.remote_ring_addr + CREDIT_OFFSET as u64,
             rkey: self.remote_ring_rkeys[layout.remote_member(0)],
             signaled,
+            cpu_readable: true,
         };
         // SAFETY: the staged word may be rewritten before the NIC reads it, with a larger
         // credit, which is as true (see `CREDIT_STAGING`).
@@ -489,6 +491,7 @@ impl RecvComm {
                 remote_addr: self.remote_ring_addr + at as u64,
                 rkey,
                 signaled,
+                cpu_readable: true,
             }
         };
         let hold = self.ctx.config.batch;
@@ -569,6 +572,7 @@ impl RecvComm {
                 remote_addr: addr,
                 rkey: rkeys[member],
                 signaled: true,
+                cpu_readable: true,
             };
             // SAFETY: the scratch region lives as long as the comm; the read source is a
             // registered receive buffer NCCL keeps alive until this request completes.

@@ -684,6 +684,8 @@ impl SendComm {
                     remote_addr: self.remote_sizes_addr + SIZES_RING_BYTES as u64 + offset,
                     rkey: self.remote_sizes_rkeys[remote],
                     signaled: true,
+                    // Eager messages are host memory only (the staging ring, or NCCL's buffer).
+                    cpu_readable: true,
                 }
             }
             Post::Sizes { qp, slot, sizes } => {
@@ -700,6 +702,7 @@ impl SendComm {
                     len: SIZES_SLOT_BYTES as u64,
                     remote_addr: self.remote_sizes_addr + offset as u64,
                     rkey: self.remote_sizes_rkeys[self.layout.remote_member(qp)],
+                    host: true,
                 };
                 write_request(&write, WR_DATA, Op::Write, false)?
             }
@@ -781,6 +784,7 @@ fn write_request(w: &RdmaWrite, wr_id: u64, op: Op, signaled: bool) -> Result<Wo
         remote_addr: w.remote_addr,
         rkey: w.rkey,
         signaled,
+        cpu_readable: w.host,
     })
 }
 
