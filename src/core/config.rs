@@ -35,6 +35,11 @@ pub const KNOBS: &[Knob] = &[
         meaning: "RoCE GID index; -1 selects automatically",
     },
     Knob {
+        name: "NCCL_IB_ROUTABLE_FLID_GID_INDEX",
+        default: "1",
+        meaning: "InfiniBand GID index offered when it carries a routable FLID",
+    },
+    Knob {
         name: "NCCL_IB_ADDR_FAMILY",
         default: "AF_INET",
         meaning: "preferred GID family",
@@ -199,6 +204,8 @@ pub struct Config {
     pub log_directive: String,
     /// Fixed GID index, or `None` for automatic selection.
     pub gid_index: Option<u32>,
+    /// InfiniBand: the GID index a port offers when that GID carries a routable FLID (else 0).
+    pub routable_flid_gid_index: u32,
     /// Preferred GID address family.
     pub addr_family: AddrFamily,
     /// Preferred RoCE version (1 or 2).
@@ -251,6 +258,7 @@ impl Default for Config {
             ib_hca: None,
             log_directive: "nccl_net=warn".into(),
             gid_index: None,
+            routable_flid_gid_index: 1,
             addr_family: AddrFamily::V4,
             roce_version: 2,
             ib_timeout: 20,
@@ -379,6 +387,9 @@ impl Config {
                 "NCCL_DEBUG" => nccl_debug = Some(value.to_ascii_uppercase()),
                 "NCCL_NET_RS_LOG" => own_filter = Some(value.to_owned()),
                 "NCCL_IB_GID_INDEX" => c.gid_index = optional(name, value, 65535)?.map(narrow),
+                "NCCL_IB_ROUTABLE_FLID_GID_INDEX" => {
+                    c.routable_flid_gid_index = narrow(number(name, value, 0, 65535)?);
+                }
                 "NCCL_IB_ADDR_FAMILY" => {
                     c.addr_family = match value {
                         "AF_INET" => AddrFamily::V4,
@@ -513,9 +524,13 @@ mod tests {
             ("NCCL_IB_SPLIT_DATA_ON_QPS", "1"),
             ("NCCL_GDR_FLUSH_DISABLE", "1"),
             ("NCCL_NET_RS_CONNECT_TIMEOUT", "5"),
+            ("NCCL_IB_ROUTABLE_FLID_GID_INDEX", "2"),
         ])
         .unwrap();
         assert_eq!(c.gid_index, Some(3));
+        assert_eq!(c.routable_flid_gid_index, 2);
+        assert_eq!(Config::default().routable_flid_gid_index, 1);
+        assert!(parse(&[("NCCL_IB_ROUTABLE_FLID_GID_INDEX", "-1")]).is_err());
         assert_eq!(c.addr_family, AddrFamily::V6);
         assert_eq!(
             (c.ib_timeout, c.service_level, c.traffic_class),

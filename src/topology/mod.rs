@@ -10,6 +10,7 @@ mod fusion;
 mod gdr;
 mod gid;
 mod hca_filter;
+mod ib_path;
 mod link;
 mod pci;
 mod select;
@@ -24,6 +25,7 @@ pub use gid::{
     GidCandidate, GidChoice, GidEntry, choose_gid, parse_gid, parse_roce_version, select_gid,
 };
 pub use hca_filter::HcaFilter;
+pub use ib_path::{IbRoute, ib_route, select_ib_gid};
 pub use link::{LinkLayer, link_speed_mbps, mtu_bytes};
 pub use pci::{BadPciAddress, PciAddress, PciFunction};
 pub use select::{

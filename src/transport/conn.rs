@@ -12,6 +12,7 @@ use crate::core::eager;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::{POSTS_PER_MESSAGE, SLOTS};
 use crate::core::wire::{Cts, DATA_PATH_REVISION, Endpoint, Hello, MAX_RECVS, Role};
+use crate::topology::{IbRoute, ib_route};
 use crate::verbs::{
     Access, Completion, CompletionQueue, HostRegion, PathParams, QpCaps, QueuePair, RemoteEndpoint,
 };
@@ -245,14 +246,7 @@ impl QpSet {
             let port = &ctx.ports[i % ctx.ports.len()];
             let peer = &remote.members[i % remote.members.len()];
             let path = path_params(port, &ctx.config, peer, traffic);
-            qp.to_rtr(
-                &RemoteEndpoint {
-                    qpn,
-                    lid: peer.lid,
-                    gid: peer.gid,
-                },
-                &path,
-            )?;
+            qp.to_rtr(&RemoteEndpoint { qpn, gid: peer.gid }, &path)?;
             qp.to_rts(&path)?;
         }
         Ok(())
@@ -453,17 +447,36 @@ fn link_layer_name(code: u8) -> &'static str {
 }
 
 /// Path parameters for a QP on `port` towards the peer's member `peer`, with the sender's
-/// traffic class and service level.
+/// traffic class and service level. RoCE always sends a global route header; InfiniBand as
+/// NCCL's transport does ([`ib_route`]).
 pub(super) fn path_params(
     port: &PortContext,
     config: &Config,
     peer: &Endpoint,
     traffic: Traffic,
 ) -> PathParams {
+    let route = if port.link_layer == LINK_LAYER_ETHERNET {
+        IbRoute {
+            global: true,
+            dlid: peer.lid,
+            why: None,
+        }
+    } else {
+        ib_route(&port.gid.gid, &peer.gid, peer.lid, port.grh_required)
+    };
+    if let Some(why) = route.why {
+        tracing::debug!(
+            "{} to {}: a global route header ({why}), destination LID {}",
+            port.name(),
+            peer.device,
+            route.dlid
+        );
+    }
     PathParams {
         port: port.port_num(),
         mtu: port.mtu.min(peer.mtu),
-        global: port.link_layer == LINK_LAYER_ETHERNET,
+        global: route.global,
+        dlid: route.dlid,
         sgid_index: u8::try_from(port.gid.index).unwrap_or(0),
         traffic_class: traffic.class,
         service_level: traffic.level,

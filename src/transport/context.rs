@@ -15,7 +15,7 @@ use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::topology::{
     GidEntry, LinkLayer, NetDevice, PORT_ACTIVE, SysfsRoot, VirtualDevice, port_state_name,
-    select_gid,
+    select_gid, select_ib_gid,
 };
 use crate::verbs::{Device, InterfaceAddr, ProtectionDomain, interface_addrs};
 
@@ -107,10 +107,14 @@ pub struct PortContext {
     pub net: NetDevice,
     pub(super) device: Arc<Device>,
     pub(super) pd: Arc<ProtectionDomain>,
-    /// GID used by every QP on this port (index 0 on InfiniBand).
+    /// GID used by every QP on this port (on InfiniBand the port GID, or the routable one
+    /// [`select_ib_gid`] picks).
     pub gid: GidEntry,
     /// Local ID (InfiniBand).
     pub lid: u16,
+    /// The port requires a global route header (InfiniBand; see
+    /// [`ib_route`](crate::topology::ib_route)).
+    pub grh_required: bool,
     /// Active MTU code.
     pub mtu: u8,
     /// Link layer code.
@@ -150,12 +154,10 @@ impl PortContext {
             )
             .map_err(|why| Error::config(format!("no usable GID on {where_}: {why}")))?
         } else {
-            GidEntry {
-                index: 0,
-                gid: [0; 16],
-                roce_version: None,
-                netdev: None,
-            }
+            select_ib_gid(
+                &sysfs.port_gids(&net.device, net.port),
+                config.routable_flid_gid_index,
+            )
         };
         let interfaces = interface_addrs()?;
         let oob_ip = choose_oob_address(&interfaces, config.socket_ifname.as_deref(), &gid)
@@ -166,9 +168,14 @@ impl PortContext {
             })?;
         // Last fallible step: once registered, the watcher holds the device until `Drop`.
         let health = DeviceHealth::watch(Arc::clone(&device), config.return_async_events)?;
+        let grh = if port.grh_required {
+            ", a global route header on every QP (the port requires one)"
+        } else {
+            ""
+        };
         tracing::info!(
             target: crate::log::INIT_TARGET,
-            "NET/{}: {where_} uses {gid}, MTU code {}, out-of-band address {oob_ip}",
+            "NET/{}: {where_} uses {gid}, MTU code {}, out-of-band address {oob_ip}{grh}",
             crate::plugin::PLUGIN_NAME,
             port.active_mtu
         );
@@ -178,6 +185,7 @@ impl PortContext {
             pd,
             gid,
             lid: port.lid,
+            grh_required: port.grh_required,
             mtu: port.active_mtu,
             link_layer: port.link_layer,
             oob_ip,

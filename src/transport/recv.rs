@@ -58,7 +58,6 @@ impl FlushQp {
         qp.to_rtr(
             &RemoteEndpoint {
                 qpn: qp.qpn(),
-                lid: own.lid,
                 gid: own.gid,
             },
             &path,

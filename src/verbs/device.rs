@@ -166,7 +166,13 @@ pub struct PortState {
     pub active_mtu: u8,
     /// Link layer code.
     pub link_layer: u8,
+    /// The port is reached by GID only (`IBV_QPF_GRH_REQUIRED`: a virtual HCA on InfiniBand,
+    /// such as an SR-IOV function in a VM): its QPs send a global route header.
+    pub grh_required: bool,
 }
+
+/// `ibv_port_attr::flags` bit of a port that requires a global route header.
+const IBV_QPF_GRH_REQUIRED: u8 = 1;
 
 /// The fields of `ibv_device_attr` discovery needs.
 struct DeviceAttr {
@@ -186,6 +192,7 @@ struct PortAttr {
     phys_state: u8,
     max_mtu: u8,
     sm_lid: u16,
+    grh_required: bool,
 }
 
 impl Device {
@@ -231,6 +238,7 @@ impl Device {
             lid: p.lid,
             active_mtu: p.active_mtu,
             link_layer: p.link_layer,
+            grh_required: p.grh_required,
         })
     }
 
@@ -270,6 +278,7 @@ impl Device {
             phys_state: attr.phys_state,
             max_mtu: u8::try_from(attr.max_mtu).unwrap_or(0),
             sm_lid: attr.sm_lid,
+            grh_required: attr.flags & IBV_QPF_GRH_REQUIRED != 0,
         })
     }
 }

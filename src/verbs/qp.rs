@@ -28,8 +28,6 @@ const MAX_INLINE: u32 = 64;
 pub struct RemoteEndpoint {
     /// Remote QP number.
     pub qpn: u32,
-    /// Remote LID (InfiniBand).
-    pub lid: u16,
     /// Remote GID.
     pub gid: [u8; 16],
 }
@@ -41,8 +39,11 @@ pub struct PathParams {
     pub port: u8,
     /// Path MTU (`ibv_mtu` code): the smaller of both sides.
     pub mtu: u8,
-    /// Use a global route header (RoCE always).
+    /// Use a global route header (RoCE always; InfiniBand across subnets or where the port
+    /// requires one).
     pub global: bool,
+    /// Destination LID (InfiniBand): the peer's, or its FLID across subnets.
+    pub dlid: u16,
     /// Local GID index.
     pub sgid_index: u8,
     /// Traffic class.
@@ -257,7 +258,7 @@ impl QueuePair {
         a.rq_psn = 0;
         a.max_dest_rd_atomic = 1;
         a.min_rnr_timer = 12;
-        a.ah_attr.dlid = remote.lid;
+        a.ah_attr.dlid = path.dlid;
         a.ah_attr.sl = path.service_level;
         a.ah_attr.src_path_bits = 0;
         a.ah_attr.port_num = path.port;
