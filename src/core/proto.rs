@@ -889,8 +889,8 @@ pub struct RdmaWrite {
     pub remote_addr: u64,
     /// Destination key.
     pub rkey: u32,
-    /// The source is host memory (a `NCCL_PTR_HOST` registration, or the plugin's own): the
-    /// glue may let the provider copy it with the CPU (inline data); a GPU buffer's it may not.
+    /// The source is host memory (a `NCCL_PTR_HOST` registration, or the plugin's own), which
+    /// the glue may let the provider copy with the CPU (inline data); never GPU memory.
     pub host: bool,
 }
 
