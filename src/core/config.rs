@@ -40,6 +40,16 @@ pub const KNOBS: &[Knob] = &[
         meaning: "InfiniBand GID index offered when it carries a routable FLID",
     },
     Knob {
+        name: "NCCL_IB_ADAPTIVE_ROUTING",
+        default: "1 on InfiniBand, 0 on RoCE",
+        meaning: "1 = a single-buffer send over NCCL_IB_AR_THRESHOLD goes as a write and a zero-byte write-with-immediate",
+    },
+    Knob {
+        name: "NCCL_IB_AR_THRESHOLD",
+        default: "8192",
+        meaning: "bytes above which adaptive routing splits a send",
+    },
+    Knob {
         name: "NCCL_IB_ADDR_FAMILY",
         default: "AF_INET",
         meaning: "preferred GID family",
@@ -224,6 +234,10 @@ pub struct Config {
     pub split_data_on_qps: bool,
     /// Create a flush QP per receive comm.
     pub flush_enabled: bool,
+    /// `NCCL_IB_ADAPTIVE_ROUTING` when set (else on for InfiniBand ports, off for RoCE).
+    pub adaptive_routing: Option<bool>,
+    /// `NCCL_IB_AR_THRESHOLD`: with adaptive routing, data writes above this many bytes split.
+    pub ar_threshold: u64,
     /// Interface for the out-of-band exchange.
     pub socket_ifname: Option<String>,
     /// Deadline for connect/accept.
@@ -268,6 +282,8 @@ impl Default for Config {
             qps_per_connection: 1,
             split_data_on_qps: false,
             flush_enabled: true,
+            adaptive_routing: None,
+            ar_threshold: 8192,
             socket_ifname: None,
             connect_timeout: Duration::from_secs(120),
             merge_nics: true,
@@ -328,6 +344,16 @@ fn narrow<T: TryFrom<i64>>(v: i64) -> T {
 }
 
 impl Config {
+    /// Above how many bytes a connection's data write-with-immediate goes as a plain write and
+    /// a zero-byte write-with-immediate, as NCCL's transport does with adaptive routing (on by
+    /// default when every port of the connection is InfiniBand: `init.cc`, `p2p.cc`), so that
+    /// the bulk travels as a plain write; `None` when it does not split.
+    pub fn adaptive_routing_split(&self, all_infiniband: bool) -> Option<u64> {
+        self.adaptive_routing
+            .unwrap_or(all_infiniband)
+            .then_some(self.ar_threshold)
+    }
+
     /// The traffic class and service level of a connection whose communicator asked for
     /// `comm_class` (v10's connect config, v11+'s init config): `NCCL_IB_TC` and `NCCL_IB_SL`
     /// win when set, else the communicator's class serves as both, else 0, as NCCL's transport
@@ -414,6 +440,12 @@ impl Config {
                     c.split_data_on_qps = number(name, value, 0, 1)? == 1
                 }
                 "NCCL_GDR_FLUSH_DISABLE" => c.flush_enabled = number(name, value, 0, 1)? == 0,
+                "NCCL_IB_ADAPTIVE_ROUTING" => {
+                    c.adaptive_routing = Some(number(name, value, 0, 1)? == 1)
+                }
+                "NCCL_IB_AR_THRESHOLD" => {
+                    c.ar_threshold = narrow(number(name, value, 0, u32::MAX.into())?);
+                }
                 "NCCL_IB_MERGE_NICS" => c.merge_nics = number(name, value, 0, 1)? == 1,
                 "NCCL_IB_MERGE_VFS" => c.merge_vfs = number(name, value, 0, 1)? == 1,
                 "NCCL_NET_RS_FUSE" => c.fuse = fuse_groups(value)?,
@@ -531,6 +563,24 @@ mod tests {
         assert_eq!(c.routable_flid_gid_index, 2);
         assert_eq!(Config::default().routable_flid_gid_index, 1);
         assert!(parse(&[("NCCL_IB_ROUTABLE_FLID_GID_INDEX", "-1")]).is_err());
+        // Adaptive routing: NCCL's default per link layer, the knob over it.
+        let d = Config::default();
+        assert_eq!(
+            (
+                d.adaptive_routing_split(true),
+                d.adaptive_routing_split(false)
+            ),
+            (Some(8192), None)
+        );
+        let off = parse(&[("NCCL_IB_ADAPTIVE_ROUTING", "0")]).unwrap();
+        assert_eq!(off.adaptive_routing_split(true), None);
+        let on = parse(&[
+            ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
+            ("NCCL_IB_AR_THRESHOLD", "4096"),
+        ])
+        .unwrap();
+        assert_eq!(on.adaptive_routing_split(false), Some(4096));
+        assert!(parse(&[("NCCL_IB_ADAPTIVE_ROUTING", "2")]).is_err());
         assert_eq!(c.addr_family, AddrFamily::V6);
         assert_eq!(
             (c.ib_timeout, c.service_level, c.traffic_class),

@@ -14,7 +14,7 @@ use super::conn::{
     check_alive, check_peer, completion_error, connection_qps, describe_eager, describe_local,
     describe_remote, local_hello, quiet_receives, random_u64,
 };
-use super::held::PostQueue;
+use super::held::{Builder, PostQueue};
 use super::mr::MrHandle;
 use super::watch::{ClientProgress, Tend, Tended, Tick, Watched};
 use super::wire_io::HandshakeStream;
@@ -27,6 +27,7 @@ use crate::core::proto::{
     CtsLayout, Layout, Post, RdmaWrite, SendBuf, SendSide, SingleSend, Staging, check_message_size,
 };
 use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS, Role};
+use crate::topology::LinkLayer;
 use crate::verbs::{Access, Completion, HostRegion, Op, Sge, WorkRequest};
 
 pub use crate::core::proto::SEND_REQUESTS;
@@ -237,11 +238,20 @@ impl Connecting {
         };
         let local = describe_local(&self.ctx);
         let remote_desc = describe_remote(remote, peer);
+        let all_infiniband = self
+            .ctx
+            .ports
+            .iter()
+            .all(|p| p.net.link_layer == LinkLayer::InfiniBand);
+        let split_above = config.adaptive_routing_split(all_infiniband);
         tracing::debug!(
-            "send comm connected: {local} -> {remote_desc}, {} QPs, {}, {}",
+            "send comm connected: {local} -> {remote_desc}, {} QPs, {}, {}, {}",
             layout.nqps,
             pending.qps.describe_qos(self.traffic),
-            describe_eager(layout.eager_bytes, layout.quiet)
+            describe_eager(layout.eager_bytes, layout.quiet),
+            split_above.map_or("no adaptive-routing split".to_owned(), |t| format!(
+                "adaptive routing: data writes over {t} bytes split"
+            ))
         );
         let posts = pending
             .qps
@@ -260,6 +270,7 @@ impl Connecting {
             remote_sizes_addr: remote.ring_addr,
             remote_sizes_rkeys: remote.members.iter().map(|m| m.ring_rkey).collect(),
             layout,
+            split_above: split_above.unwrap_or(u64::MAX),
             local,
             remote: remote_desc,
             link: None,
@@ -302,6 +313,10 @@ pub struct SendComm {
     remote_sizes_addr: u64,
     remote_sizes_rkeys: Vec<u32>,
     layout: Layout,
+    /// With adaptive routing, a data write-with-immediate above this many bytes goes as a plain
+    /// write and a zero-byte write-with-immediate ([`Config::adaptive_routing_split`]); without,
+    /// `u64::MAX` (one comparison on every send either way).
+    split_above: u64,
     local: String,
     remote: String,
     /// The out-of-band connection, watched for the receiver's end; set when the handshake ends.
@@ -342,7 +357,12 @@ impl SendComm {
         };
         let mut st = self.state.lock();
         st.failed.check()?;
-        if let Some(single) = self.isend_single(&mut st, buf)? {
+        // A send that adaptive routing may split goes the general way, which splits; NCCL's
+        // usual send keeps its one post (a split check there cost every `isend` ~30
+        // instructions of register spills).
+        if size <= self.split_above
+            && let Some(single) = self.isend_single(&mut st, buf)?
+        {
             if let Some(truncated) = single.truncated {
                 self.trace_truncated(truncated);
             }
@@ -575,13 +595,14 @@ impl SendComm {
     /// Post `posts` (grouped by QP, in order): each QP's run goes through its queue, in one
     /// `ibv_post_send` with what the queue holds unless it fills the chain; with `hold`, kept
     /// in the queues for a later post (only queues that hold, see `held`). A single post not
-    /// held goes through [`Self::post_one`].
+    /// held, and not split by adaptive routing, goes through [`Self::post_one`].
     ///
     /// # Safety
     /// The payloads `posts` read stay unchanged until their completions (isend's contract).
     unsafe fn post(&self, posts: &[Post], hold: bool) -> Result<()> {
         if let [p] = posts
             && !hold
+            && !self.splits(p)
         {
             // SAFETY: forwarded from this function's contract.
             return unsafe { self.post_one(p) };
@@ -590,9 +611,8 @@ impl SendComm {
             // SAFETY: forwarded from this function's contract; the sizes and header staging
             // slots are rewritten only after this slot's completion.
             unsafe {
-                self.posts[run[0].qp()].submit(hold, |b| {
-                    run.iter().try_for_each(|p| b.push(&self.work_request(p)?))
-                })
+                self.posts[run[0].qp()]
+                    .submit(hold, |b| run.iter().try_for_each(|p| self.push(b, p)))
             }?;
         }
         Ok(())
@@ -611,6 +631,24 @@ impl SendComm {
         };
         // SAFETY: forwarded from this function's contract.
         unsafe { self.posts[p.qp()].post_one(&wr) }
+    }
+
+    /// Whether `p` is a data write that adaptive routing splits into two requests.
+    fn splits(&self, p: &Post) -> bool {
+        matches!(p, Post::WriteImm { write, .. } if write.len > self.split_above)
+    }
+
+    /// Add `p` to a chain: its work request, or, for a data write adaptive routing splits, the
+    /// data as a plain write and then a zero-byte write-with-immediate that carries the same
+    /// immediate and completion (the receiver sees one completion, after the data, by RC order).
+    fn push(&self, b: &mut Builder<'_>, p: &Post) -> Result<()> {
+        match *p {
+            Post::WriteImm { write, imm, slot } if self.splits(p) => {
+                b.push(&write_request(&write, WR_DATA, Op::Write, false)?)?;
+                b.push(&data_write(&RdmaWrite { len: 0, ..write }, imm, slot)?)
+            }
+            _ => b.push(&self.work_request(p)?),
+        }
     }
 
     /// The work request of `p` (an eager message's header staged for it).

@@ -522,6 +522,20 @@ const ROTATE3: &[(&str, &str)] = &[
     ("NCCL_IB_SPLIT_DATA_ON_QPS", "0"),
 ];
 
+/// Adaptive routing forced on (rxe is RoCE, where NCCL's default leaves it off), splitting
+/// sends over 4 KiB: the data as a plain write, then a zero-byte write-with-immediate, as NCCL's
+/// transport posts them on InfiniBand (`p2p.cc`). The receiver needs nothing of it.
+const AR4K: &[(&str, &str)] = &[
+    ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
+    ("NCCL_IB_AR_THRESHOLD", "4096"),
+];
+const AR4K_SPLIT4: &[(&str, &str)] = &[
+    ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
+    ("NCCL_IB_AR_THRESHOLD", "4096"),
+    ("NCCL_IB_QPS_PER_CONNECTION", "4"),
+    ("NCCL_IB_SPLIT_DATA_ON_QPS", "1"),
+];
+
 const FUSE01: &[(&str, &str)] = &[
     ("NCCL_NET_RS_FUSE", "rxe0+rxe1"),
     ("RSIB_TEST_DEV", "rxe0+rxe1"),
@@ -553,6 +567,31 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         ranks: 2,
         run: transfer_sizes,
         env: &[SPLIT4],
+    },
+    Scenario {
+        name: "adaptive_routing_splits_sends_verified",
+        ranks: 2,
+        run: transfer_sizes,
+        env: &[AR4K],
+    },
+    // Rank 1 sends: a receiver that does not split (an older build) takes split sends.
+    Scenario {
+        name: "adaptive_routing_on_the_sender_only",
+        ranks: 2,
+        run: transfer_sizes,
+        env: &[&[], AR4K],
+    },
+    Scenario {
+        name: "adaptive_routing_over_four_split_qps",
+        ranks: 2,
+        run: transfer_sizes,
+        env: &[AR4K_SPLIT4],
+    },
+    Scenario {
+        name: "adaptive_routing_with_grouped_receives",
+        ranks: 2,
+        run: grouped_receive_of_8_matches_tags,
+        env: &[AR4K],
     },
     Scenario {
         name: "three_qps_round_robin",
