@@ -544,6 +544,29 @@ mod tests {
         );
     }
 
+    /// NCCL's transport: adaptive routing on for InfiniBand ports and off for RoCE unless
+    /// `NCCL_IB_ADAPTIVE_ROUTING` says otherwise (`init.cc`), splitting above the threshold.
+    #[test]
+    fn adaptive_routing_follows_the_link_layer_unless_set() {
+        let d = Config::default();
+        assert_eq!(
+            (
+                d.adaptive_routing_split(true),
+                d.adaptive_routing_split(false)
+            ),
+            (Some(8192), None)
+        );
+        let off = parse(&[("NCCL_IB_ADAPTIVE_ROUTING", "0")]).unwrap();
+        assert_eq!(off.adaptive_routing_split(true), None);
+        let on = parse(&[
+            ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
+            ("NCCL_IB_AR_THRESHOLD", "4096"),
+        ])
+        .unwrap();
+        assert_eq!(on.adaptive_routing_split(false), Some(4096));
+        assert!(parse(&[("NCCL_IB_ADAPTIVE_ROUTING", "2")]).is_err());
+    }
+
     #[test]
     fn ib_knobs_parse_with_nccl_meanings() {
         let c = parse(&[
@@ -563,24 +586,6 @@ mod tests {
         assert_eq!(c.routable_flid_gid_index, 2);
         assert_eq!(Config::default().routable_flid_gid_index, 1);
         assert!(parse(&[("NCCL_IB_ROUTABLE_FLID_GID_INDEX", "-1")]).is_err());
-        // Adaptive routing: NCCL's default per link layer, the knob over it.
-        let d = Config::default();
-        assert_eq!(
-            (
-                d.adaptive_routing_split(true),
-                d.adaptive_routing_split(false)
-            ),
-            (Some(8192), None)
-        );
-        let off = parse(&[("NCCL_IB_ADAPTIVE_ROUTING", "0")]).unwrap();
-        assert_eq!(off.adaptive_routing_split(true), None);
-        let on = parse(&[
-            ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
-            ("NCCL_IB_AR_THRESHOLD", "4096"),
-        ])
-        .unwrap();
-        assert_eq!(on.adaptive_routing_split(false), Some(4096));
-        assert!(parse(&[("NCCL_IB_ADAPTIVE_ROUTING", "2")]).is_err());
         assert_eq!(c.addr_family, AddrFamily::V6);
         assert_eq!(
             (c.ib_timeout, c.service_level, c.traffic_class),
