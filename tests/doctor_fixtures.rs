@@ -27,6 +27,8 @@ struct Port {
     /// `(gid, type)` entries, index = position.
     gids: Vec<(&'static str, &'static str)>,
     netdev: Option<(&'static str, u32, &'static str)>,
+    /// `pkeys/<i>` entries, index = position.
+    pkeys: Vec<&'static str>,
 }
 
 impl Default for Port {
@@ -44,6 +46,7 @@ impl Default for Port {
                 ("0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2"),
             ],
             netdev: Some(("ens1f0", 9000, "up")),
+            pkeys: vec!["0xffff"],
         }
     }
 }
@@ -169,6 +172,10 @@ impl Node {
                 )
                 .unwrap();
             }
+        }
+        for (i, key) in port.pkeys.iter().enumerate() {
+            fs::create_dir_all(p.join("pkeys")).unwrap();
+            fs::write(p.join("pkeys").join(i.to_string()), format!("{key}\n")).unwrap();
         }
         if let Some((ifname, mtu, oper)) = port.netdev {
             self.write(&format!("sys/class/net/{ifname}/mtu"), &format!("{mtu}\n"));
@@ -642,6 +649,27 @@ fn roce_gid_dry_run_lists_every_candidate_passed_over() {
         "no usable GID: NCCL_IB_GID_INDEX=7 is not a populated GID",
     );
 
+    let mut ranged = healthy("gid-range");
+    ranged.env("NCCL_IB_ADDR_RANGE", "10.0.0.0/24");
+    one(
+        &ranged.check("roce.gid"),
+        Severity::Pass,
+        "uses GID index 1 10.0.0.1 (RoCE v2, ens1f0)",
+    );
+    ranged.env("NCCL_IB_ADDR_RANGE", "192.168.0.0/16");
+    let f = one(
+        &ranged.check("roce.gid"),
+        Severity::Warn,
+        "uses GID index 1 10.0.0.1 (RoCE v2, ens1f0), which is outside NCCL_IB_ADDR_RANGE 192.168.0.0/16",
+    );
+    assert!(
+        f.fix
+            .unwrap()
+            .contains("give ens1f0 an address inside 192.168.0.0/16"),
+        "{}",
+        f.what
+    );
+
     let mut link_local_only = Node::new("gid-ll");
     link_local_only.nic(
         "mlx5_0",
@@ -692,6 +720,102 @@ fn roce_gid_dry_run_lists_every_candidate_passed_over() {
         Severity::Warn,
         "node",
         "chose GIDs of different families (IPv4: mlx5_0; IPv6: mlx5_1)",
+    );
+}
+
+#[test]
+fn ib_pkey_names_the_partition_and_refuses_an_empty_index() {
+    one(
+        &healthy("pkey-ok").check("ib.pkey"),
+        Severity::Pass,
+        "mlx5_0: QPs join partition 0xffff (full member), P_Key index 0",
+    );
+
+    // A port in two partitions (a ConnectX table: mostly empty entries).
+    let two = Port {
+        link_layer: LinkLayer::InfiniBand,
+        netdev: None,
+        pkeys: vec!["0xffff", "0x8001", "0x0000", "0x8000"],
+        ..Port::default()
+    };
+    let mut node = Node::new("pkey-index");
+    node.nic("mlx5_0", Some("0000:0b:00.0"), &two);
+    node.env("NCCL_IB_PKEY", "1");
+    one(
+        &node.check("ib.pkey"),
+        Severity::Pass,
+        "QPs join partition 0x8001 (full member), P_Key index 1",
+    );
+    node.env("NCCL_IB_PKEY", "2");
+    let f = one(
+        &node.check("ib.pkey"),
+        Severity::Fail,
+        "NCCL_IB_PKEY=2: P_Key index 2 is an empty entry of the port's table of 4 (its partitions: \
+         index 0 = 0xffff (full member), index 1 = 0x8001 (full member)); the plugin refuses to start",
+    );
+    assert_eq!(f.evidence.len(), 1);
+    node.env("NCCL_IB_PKEY", "9");
+    one(
+        &node.check("ib.pkey"),
+        Severity::Fail,
+        "P_Key index 9 is past the end",
+    );
+
+    let mut empty_default = Node::new("pkey-empty0");
+    empty_default.nic(
+        "mlx5_0",
+        Some("0000:0b:00.0"),
+        &Port {
+            pkeys: vec!["0x0000", "0x8001"],
+            ..two.clone()
+        },
+    );
+    let f = one(
+        &empty_default.check("ib.pkey"),
+        Severity::Fail,
+        "the QPs would be in no partition and reach no peer",
+    );
+    assert!(f.fix.unwrap().contains("set NCCL_IB_PKEY"));
+
+    let mut unreadable = Node::new("pkey-none");
+    unreadable.nic(
+        "mlx5_0",
+        Some("0000:0b:00.0"),
+        &Port {
+            pkeys: vec![],
+            ..Port::default()
+        },
+    );
+    one(
+        &unreadable.check("ib.pkey"),
+        Severity::Unknown,
+        "not readable",
+    );
+
+    // Two ports whose entry 1 is in different partitions.
+    let mut split = Node::new("pkey-split");
+    split.nic("mlx5_0", Some("0000:0b:00.0"), &two);
+    split.nic(
+        "mlx5_1",
+        Some("0000:0c:00.0"),
+        &Port {
+            pkeys: vec!["0xffff", "0x0002"],
+            ..two.clone()
+        },
+    );
+    split.env("NCCL_IB_PKEY", "1");
+    let findings = split.check("ib.pkey");
+    has(
+        &findings,
+        Severity::Pass,
+        "mlx5_1",
+        "0x0002 (limited member)",
+    );
+    has(
+        &findings,
+        Severity::Warn,
+        "node",
+        "different partitions at P_Key index 1 (0x0001: mlx5_0; 0x0002: mlx5_1)",
     );
 }
 

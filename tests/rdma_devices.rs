@@ -268,22 +268,39 @@ fn fusion_off_gives_separate_devices_and_says_why() {
 #[test]
 fn gid_index_missing_on_a_device_is_refused_at_init_naming_the_variable() {
     require_rxe_devices();
-    let run = run_host(&[("NCCL_IB_GID_INDEX", "99")], &[]);
-    assert_eq!(
-        run.rc("init"),
-        5,
-        "ncclInvalidUsage at init, not at the first listen"
-    );
-    let warn = run
-        .logs()
-        .into_iter()
-        .find(|l| l.get("msg").starts_with("init failed: "))
-        .expect("one line saying why init failed");
+    let why = init_refusal(&[("NCCL_IB_GID_INDEX", "99")]);
     assert!(
-        warn.get("msg")
-            .contains("NCCL_IB_GID_INDEX=99 is not a populated GID")
-            && warn.get("msg").contains(" on rxe0:1"),
-        "{}",
-        warn.get("msg")
+        why.contains("NCCL_IB_GID_INDEX=99 is not a populated GID") && why.contains(" on rxe0:1"),
+        "{why}"
     );
+}
+
+/// `init` with `env` fails with ncclInvalidUsage (not the first `listen`); the one line that
+/// says why.
+fn init_refusal(env: &[(&str, &str)]) -> String {
+    let run = run_host(env, &[]);
+    assert_eq!(run.rc("init"), 5, "ncclInvalidUsage at init");
+    run.logs()
+        .into_iter()
+        .map(|l| l.get("msg").to_owned())
+        .find(|msg| msg.starts_with("init failed: "))
+        .expect("one line saying why init failed")
+}
+
+/// NCCL's transport passes `NCCL_IB_PKEY` to every QP unchecked (`net_ib/connect.cc`). rxe does
+/// not enforce partitions (`ib_write_bw --pkey_index=1` runs on it), but on a fabric that does,
+/// a QP at an empty or missing entry reaches no peer: `init` refuses the index, naming the table.
+#[test]
+fn pkey_index_missing_on_a_port_is_refused_at_init_naming_the_table() {
+    require_rxe_devices();
+    let why = init_refusal(&[("NCCL_IB_PKEY", "1")]);
+    assert!(
+        why.contains(
+            "NCCL_IB_PKEY=1 on rxe0:1: P_Key index 1 is past the end of the port's table of 1 \
+             (its partitions: index 0 = 0xffff (full member))"
+        ),
+        "{why}"
+    );
+    let ok = run_host(&[("NCCL_IB_PKEY", "0")], &[]);
+    assert_eq!(ok.rc("init"), 0, "index 0 holds rxe's default key");
 }

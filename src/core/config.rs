@@ -6,6 +6,8 @@
 //! the environment before it calls `init`, so those are seen too.
 
 use std::ffi::OsString;
+use std::fmt;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use super::eager::MAX_EAGER_BYTES;
@@ -55,6 +57,11 @@ pub const KNOBS: &[Knob] = &[
         meaning: "preferred GID family",
     },
     Knob {
+        name: "NCCL_IB_ADDR_RANGE",
+        default: "unset",
+        meaning: "subnet (`address/prefix`, of NCCL_IB_ADDR_FAMILY) an automatically chosen RoCE GID must lie in",
+    },
+    Knob {
         name: "NCCL_IB_ROCE_VERSION_NUM",
         default: "2",
         meaning: "preferred RoCE version",
@@ -73,6 +80,11 @@ pub const KNOBS: &[Knob] = &[
         name: "NCCL_IB_SL",
         default: "0",
         meaning: "InfiniBand service level",
+    },
+    Knob {
+        name: "NCCL_IB_PKEY",
+        default: "0",
+        meaning: "index in each port's P_Key table of the partition every QP joins (checked against the table when set)",
     },
     Knob {
         name: "NCCL_IB_TC",
@@ -205,6 +217,81 @@ pub enum AddrFamily {
     V6,
 }
 
+/// `NCCL_IB_ADDR_RANGE`: a subnet in CIDR notation.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct AddrRange {
+    /// The subnet's address (bits beyond the prefix are ignored, as NCCL's transport does).
+    pub network: IpAddr,
+    /// Leading bits that must match.
+    pub prefix_len: u8,
+}
+
+impl AddrRange {
+    /// Whether `ip` lies in the subnet (never for an address of the other family).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let differing = match (self.network, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => u128::from(u32::from(n) ^ u32::from(a)) << 96,
+            (IpAddr::V6(n), IpAddr::V6(a)) => u128::from(n) ^ u128::from(a),
+            _ => return false,
+        };
+        // A shift by the whole width (prefix 0) is None: every address matches.
+        differing
+            .checked_shr(128 - u32::from(self.prefix_len))
+            .unwrap_or(0)
+            == 0
+    }
+
+    /// The subnet's address family.
+    pub fn family(&self) -> AddrFamily {
+        match self.network {
+            IpAddr::V4(_) => AddrFamily::V4,
+            IpAddr::V6(_) => AddrFamily::V6,
+        }
+    }
+
+    fn parse(value: &str) -> Result<Self> {
+        let bad = |why: &str| {
+            Error::config(format!(
+                "NCCL_IB_ADDR_RANGE='{value}' is not valid: {why}, e.g. 10.1.0.0/16 or fd00:1::/64"
+            ))
+        };
+        let (address, prefix) = value
+            .split_once('/')
+            .ok_or_else(|| bad("expected address/prefix-length"))?;
+        let network: IpAddr = address
+            .trim()
+            .parse()
+            .map_err(|_| bad("the address is not an IPv4 or IPv6 address"))?;
+        let width = if network.is_ipv4() { 32 } else { 128 };
+        let prefix_len = prefix
+            .trim()
+            .parse::<u8>()
+            .ok()
+            .filter(|p| *p <= width)
+            .ok_or_else(|| bad(&format!("the prefix length must be 0..={width}")))?;
+        Ok(Self {
+            network,
+            prefix_len,
+        })
+    }
+}
+
+impl fmt::Display for AddrRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix_len)
+    }
+}
+
+impl AddrFamily {
+    /// NCCL's spelling: `AF_INET` or `AF_INET6`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::V4 => "AF_INET",
+            Self::V6 => "AF_INET6",
+        }
+    }
+}
+
 /// The parsed configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -218,6 +305,8 @@ pub struct Config {
     pub routable_flid_gid_index: u32,
     /// Preferred GID address family.
     pub addr_family: AddrFamily,
+    /// `NCCL_IB_ADDR_RANGE`: the subnet an automatically chosen RoCE GID must lie in.
+    pub addr_range: Option<AddrRange>,
     /// Preferred RoCE version (1 or 2).
     pub roce_version: u32,
     /// QP ack timeout exponent.
@@ -228,6 +317,8 @@ pub struct Config {
     pub service_level: Option<u8>,
     /// `NCCL_IB_TC`, when set.
     pub traffic_class: Option<u8>,
+    /// `NCCL_IB_PKEY`, when set: the P_Key index of every QP (else 0, unchecked).
+    pub pkey_index: Option<u16>,
     /// QPs per connection.
     pub qps_per_connection: u32,
     /// Split each message over all QPs.
@@ -274,11 +365,13 @@ impl Default for Config {
             gid_index: None,
             routable_flid_gid_index: 1,
             addr_family: AddrFamily::V4,
+            addr_range: None,
             roce_version: 2,
             ib_timeout: 20,
             retry_cnt: 7,
             service_level: None,
             traffic_class: None,
+            pkey_index: None,
             qps_per_connection: 1,
             split_data_on_qps: false,
             flush_enabled: true,
@@ -427,11 +520,13 @@ impl Config {
                         }
                     }
                 }
+                "NCCL_IB_ADDR_RANGE" => c.addr_range = Some(AddrRange::parse(value)?),
                 "NCCL_IB_ROCE_VERSION_NUM" => c.roce_version = narrow(number(name, value, 1, 2)?),
                 "NCCL_IB_TIMEOUT" => c.ib_timeout = narrow(number(name, value, 1, 31)?),
                 "NCCL_IB_RETRY_CNT" => c.retry_cnt = narrow(number(name, value, 0, 7)?),
                 "NCCL_IB_SL" => c.service_level = optional(name, value, 15)?.map(narrow),
                 "NCCL_IB_TC" => c.traffic_class = optional(name, value, 255)?.map(narrow),
+                "NCCL_IB_PKEY" => c.pkey_index = Some(narrow(number(name, value, 0, 65535)?)),
                 "NCCL_IB_QPS_PER_CONNECTION" => {
                     c.qps_per_connection =
                         narrow(number(name, value, 1, MAX_QPS_PER_CONNECTION.into())?);
@@ -476,6 +571,17 @@ impl Config {
                 }
                 _ => {}
             }
+        }
+        if let Some(range) = c.addr_range.filter(|r| r.family() != c.addr_family) {
+            // NCCL's transport reads the range in NCCL_IB_ADDR_FAMILY and drops one of the
+            // other family without a word; say so instead of choosing a GID the user did not want.
+            return Err(Error::config(format!(
+                "NCCL_IB_ADDR_RANGE='{range}' is an {} range but the GID family is {} \
+                 (NCCL_IB_ADDR_FAMILY): set NCCL_IB_ADDR_FAMILY={} too",
+                range.family().name(),
+                c.addr_family.name(),
+                range.family().name()
+            )));
         }
         c.log_directive = own_filter.unwrap_or_else(|| {
             // NCCL filters by level after we format; matching its level avoids formatting lines
@@ -580,8 +686,11 @@ mod tests {
             ("NCCL_GDR_FLUSH_DISABLE", "1"),
             ("NCCL_NET_RS_CONNECT_TIMEOUT", "5"),
             ("NCCL_IB_ROUTABLE_FLID_GID_INDEX", "2"),
+            ("NCCL_IB_PKEY", "1"),
         ])
         .unwrap();
+        assert_eq!(c.pkey_index, Some(1));
+        assert_eq!(Config::default().pkey_index, None);
         assert_eq!(c.gid_index, Some(3));
         assert_eq!(c.routable_flid_gid_index, 2);
         assert_eq!(Config::default().routable_flid_gid_index, 1);
@@ -672,6 +781,67 @@ mod tests {
     }
 
     #[test]
+    fn addr_range_parses_as_cidr_and_matches_its_family_only() {
+        let range = |text: &str| {
+            parse(&[("NCCL_IB_ADDR_RANGE", text)])
+                .unwrap()
+                .addr_range
+                .unwrap()
+        };
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        let r = range("10.1.2.3/16");
+        assert_eq!(r.to_string(), "10.1.2.3/16");
+        assert!(r.contains(ip("10.1.255.1")) && r.contains(ip("10.1.0.0")));
+        assert!(!r.contains(ip("10.2.0.1")) && !r.contains(ip("::ffff:10.1.0.1")));
+        assert!(range("0.0.0.0/0").contains(ip("192.168.1.1")));
+        assert!(range("10.0.0.7/32").contains(ip("10.0.0.7")));
+        assert!(!range("10.0.0.7/32").contains(ip("10.0.0.6")));
+
+        let v6 = |text: &str| {
+            parse(&[
+                ("NCCL_IB_ADDR_RANGE", text),
+                ("NCCL_IB_ADDR_FAMILY", "AF_INET6"),
+            ])
+            .unwrap()
+            .addr_range
+            .unwrap()
+        };
+        let r = v6("fd00:1::/64");
+        assert!(r.contains(ip("fd00:1::5")) && !r.contains(ip("fd00:2::5")));
+        assert!(!r.contains(ip("10.0.0.1")));
+        assert!(v6("::/0").contains(ip("fe80::1")));
+        assert!(v6("fd00::1/128").contains(ip("fd00::1")));
+        assert!(!v6("fd00::1/128").contains(ip("fd00::2")));
+
+        for (value, says) in [
+            ("10.0.0.0", "expected address/prefix-length"),
+            ("10.0.0/8", "not an IPv4 or IPv6 address"),
+            ("10.0.0.0/33", "0..=32"),
+            ("10.0.0.0/-1", "0..=32"),
+        ] {
+            let e = parse(&[("NCCL_IB_ADDR_RANGE", value)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("NCCL_IB_ADDR_RANGE") && e.contains(says),
+                "{value}: {e}"
+            );
+        }
+        // A range of the other family is refused rather than dropped silently, as NCCL would.
+        let e = parse(&[("NCCL_IB_ADDR_RANGE", "fd00::/8")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("NCCL_IB_ADDR_FAMILY=AF_INET6"), "{e}");
+        let e = parse(&[
+            ("NCCL_IB_ADDR_RANGE", "10.0.0.0/8"),
+            ("NCCL_IB_ADDR_FAMILY", "AF_INET6"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("NCCL_IB_ADDR_FAMILY=AF_INET "), "{e}");
+    }
+
+    #[test]
     fn bad_values_name_the_variable() {
         for (name, value) in [
             ("NCCL_IB_TIMEOUT", "forty"),
@@ -687,6 +857,8 @@ mod tests {
             ("NCCL_NET_RS_FUSE", "rxe0+"),
             ("NCCL_NET_RS_BATCH", "2"),
             ("NCCL_NET_RS_EAGER_BYTES", "65537"),
+            ("NCCL_IB_PKEY", "-1"),
+            ("NCCL_IB_PKEY", "65536"),
         ] {
             let e = parse(&[(name, value)]).unwrap_err();
             assert!(

@@ -10,8 +10,8 @@ use super::pcie::{PcieLink, relaxed_ordering_enabled};
 use super::rows::{hca_port, pcie_function_dir, port_netdev};
 use crate::core::config::AddrFamily;
 use crate::topology::{
-    DmaBuf, GidEntry, HcaFilter, HcaPort, LinkLayer, NetDevice, PORT_ACTIVE, PeerMem, choose_gid,
-    dmabuf_both_sides, mtu_bytes, phys_state_name, port_state_name,
+    DmaBuf, GidEntry, GidPolicy, HcaFilter, HcaPort, LinkLayer, NetDevice, PORT_ACTIVE, PeerMem,
+    choose_gid, dmabuf_both_sides, mtu_bytes, phys_state_name, pkey_at, port_state_name,
 };
 
 /// Every node check: id and what it looks at, in report order (README lists them).
@@ -43,6 +43,10 @@ pub const CHECKS: &[(&str, &str)] = &[
     (
         "roce.gid",
         "the plugin's GID selection per RoCE port, with every candidate passed over and why",
+    ),
+    (
+        "ib.pkey",
+        "the partition (P_Key) each used port's QPs join, at index NCCL_IB_PKEY, and whether the ports share one",
     ),
     (
         "gdr.peermem",
@@ -84,7 +88,7 @@ pub const CHECKS: &[(&str, &str)] = &[
 
 /// Run every node check.
 pub fn node_checks(facts: &NodeFacts) -> Vec<Finding> {
-    let checks: [fn(&NodeFacts) -> Vec<Finding>; 16] = [
+    let checks: [fn(&NodeFacts) -> Vec<Finding>; 17] = [
         verbs_provider,
         dev_nodes,
         memlock,
@@ -92,6 +96,7 @@ pub fn node_checks(facts: &NodeFacts) -> Vec<Finding> {
         link_rate,
         mtu,
         roce_gid,
+        ib_pkey,
         gdr_peermem,
         gdr_dmabuf,
         relaxed_ordering,
@@ -122,6 +127,15 @@ fn gbps(mbps: u64) -> String {
     } else {
         format!("{:.1} Gb/s", mbps as f64 / 1000.0)
     }
+}
+
+/// `a: port port; b: port`: the used ports grouped by what they differ in.
+fn grouped<K: std::fmt::Display>(groups: &BTreeMap<K, Vec<String>>) -> String {
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|(key, ports)| format!("{key}: {}", ports.join(" ")))
+        .collect();
+    parts.join("; ")
 }
 
 /// Path of a port attribute, as on the node.
@@ -670,7 +684,8 @@ fn roce_gid(facts: &NodeFacts) -> Vec<Finding> {
                 );
             }
             let table = sysfs.port_gids(&m.device, m.port);
-            let choice = choose_gid(&table, c.gid_index, c.addr_family, c.roce_version);
+            let policy = GidPolicy::from_config(c);
+            let choice = choose_gid(&table, &policy);
             let passed_over: Vec<String> = choice
                 .candidates
                 .iter()
@@ -699,7 +714,13 @@ fn roce_gid(facts: &NodeFacts) -> Vec<Finding> {
                     format!("uses GID {}{passed_over}", describe_gid(gid)),
                 ),
                 Ok(gid) => {
-                    let fix = if gid.gid[0] == 0xfe {
+                    let outside = policy.range_missed_by(gid);
+                    let fix = if let Some(range) = outside {
+                        format!(
+                            "give {netdev} an address inside {range}, or set NCCL_IB_ADDR_RANGE to the subnet the \
+                             port is on, the same on every node"
+                        )
+                    } else if gid.gid[0] == 0xfe {
                         format!("add a routable address to {netdev} (link-local GIDs do not cross a router)")
                     } else if c.gid_index.is_some() {
                         "unset NCCL_IB_GID_INDEX to let the plugin pick, or pin an index that meets the preferences".to_owned()
@@ -744,10 +765,6 @@ fn roce_gid(facts: &NodeFacts) -> Vec<Finding> {
         })
         .collect();
     if families.len() > 1 {
-        let split: Vec<String> = families
-            .iter()
-            .map(|(family, ports)| format!("{family}: {}", ports.join(" ")))
-            .collect();
         findings.push(
             Finding::new(
                 Severity::Warn,
@@ -755,10 +772,83 @@ fn roce_gid(facts: &NodeFacts) -> Vec<Finding> {
                 "node",
                 format!(
                     "used ports chose GIDs of different families ({}): a peer must match each",
-                    split.join("; ")
+                    grouped(&families)
                 ),
             )
             .fix("give every RoCE netdev an address of one family, or pin NCCL_IB_ADDR_FAMILY"),
+        );
+    }
+    findings
+}
+
+fn ib_pkey(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "ib.pkey";
+    if let Some(skip) = nothing_to_check(CHECK, facts) {
+        return skip;
+    }
+    let sysfs = facts.roots.sysfs();
+    let pinned = facts.config.pkey_index;
+    let index = pinned.unwrap_or(0);
+    // Partition (the key without its membership bit, in hex) -> the ports in it.
+    let mut partitions: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut findings: Vec<Finding> = used_ports(facts)
+        .into_iter()
+        .map(|(m, _)| {
+            let table = sysfs.port_pkeys(&m.device, m.port);
+            let f = match pkey_at(&table, index) {
+                Ok(key) => {
+                    partitions
+                        .entry(format!("{:#06x}", key.0 & 0x7fff))
+                        .or_default()
+                        .push(m.name.clone());
+                    Finding::new(
+                        Severity::Pass,
+                        CHECK,
+                        &m.name,
+                        format!("QPs join partition {key}, P_Key index {index}"),
+                    )
+                }
+                Err(_) if table.is_empty() && pinned.is_none() => Finding::new(
+                    Severity::Unknown,
+                    CHECK,
+                    &m.name,
+                    "the P_Key table is not readable in sysfs",
+                ),
+                Err(why) => {
+                    let (what, fix) = match pinned {
+                        Some(_) => (
+                            format!("NCCL_IB_PKEY={index}: {why}; the plugin refuses to start"),
+                            "set NCCL_IB_PKEY to the index of a partition listed, the one the job's peers are in",
+                        ),
+                        None => (
+                            format!("{why}: the QPs would be in no partition and reach no peer"),
+                            "set NCCL_IB_PKEY to the index of a partition listed, or have the subnet manager \
+                             put the port in the default partition",
+                        ),
+                    };
+                    Finding::new(Severity::Fail, CHECK, &m.name, what).fix(fix)
+                }
+            };
+            f.evidence(
+                port_path(&m.device, m.port, &format!("pkeys/{index}")),
+                sysfs
+                    .read_value(&format!("class/infiniband/{}/ports/{}/pkeys/{index}", m.device, m.port))
+                    .unwrap_or_else(|| "absent".to_owned()),
+            )
+        })
+        .collect();
+    if partitions.len() > 1 {
+        findings.push(
+            Finding::new(
+                Severity::Warn,
+                CHECK,
+                "node",
+                format!(
+                    "used ports join different partitions at P_Key index {index} ({}): a QP reaches only peers of its own",
+                    grouped(&partitions)
+                ),
+            )
+            .fix("put every port of the job in one partition at the same index (the subnet manager's partition config), or set NCCL_IB_PKEY to the index where they share one"),
         );
     }
     findings

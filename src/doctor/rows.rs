@@ -4,7 +4,7 @@
 use super::facts::NodeFacts;
 use super::pcie::PcieLink;
 use crate::topology::{
-    GidEntry, HcaPort, LinkLayer, NetDevice, choose_gid, mtu_bytes, phys_state_name,
+    GidEntry, GidPolicy, HcaPort, LinkLayer, NetDevice, choose_gid, mtu_bytes, phys_state_name,
     port_state_name,
 };
 
@@ -39,7 +39,7 @@ pub struct MemberRow {
     pub lid: u16,
     /// See `lid`.
     pub sm_lid: u16,
-    /// The first P_Key (`pkeys/0`).
+    /// The P_Key the plugin's QPs use (`pkeys/<NCCL_IB_PKEY>`, index 0 when unset).
     pub pkey: Option<String>,
     /// PCI address of the function, `None` for software devices.
     pub pci: Option<String>,
@@ -122,9 +122,7 @@ pub fn device_rows(facts: &NodeFacts) -> Vec<DeviceRow> {
                     let gid = (m.link_layer == LinkLayer::Ethernet).then(|| {
                         choose_gid(
                             &sysfs.port_gids(&m.device, m.port),
-                            config.gid_index,
-                            config.addr_family,
-                            config.roce_version,
+                            &GidPolicy::from_config(config),
                         )
                         .chosen
                     });
@@ -149,8 +147,10 @@ pub fn device_rows(facts: &NodeFacts) -> Vec<DeviceRow> {
                         lid: port.map_or(0, |p| p.lid),
                         sm_lid: port.map_or(0, |p| p.sm_lid),
                         pkey: sysfs.read_value(&format!(
-                            "class/infiniband/{}/ports/{}/pkeys/0",
-                            m.device, m.port
+                            "class/infiniband/{}/ports/{}/pkeys/{}",
+                            m.device,
+                            m.port,
+                            config.pkey_index.unwrap_or(0)
                         )),
                         pci: m.pci.as_ref().map(|f| f.address.to_string()),
                         vf: m.pci.as_ref().is_some_and(|f| f.is_vf()),

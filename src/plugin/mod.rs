@@ -28,7 +28,9 @@ use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::log::{self, INIT_TARGET};
 pub use crate::topology::MemorySupport;
-use crate::topology::{LinkLayer, NetDevice, SysfsRoot, VirtualDevice, fuse_listed, select_gid};
+use crate::topology::{
+    GidPolicy, LinkLayer, NetDevice, SysfsRoot, VirtualDevice, choose_gid, fuse_listed, pkey_at,
+};
 use crate::transport::DeviceContext;
 use crate::verbs;
 
@@ -112,7 +114,7 @@ impl Plugin {
         log::set_filter(&config.log_directive);
         let sysfs = SysfsRoot::default();
         let plugin = Arc::new(Self::discover(config, model, &sysfs));
-        plugin.check_gid_index(&sysfs)?;
+        plugin.check_port_knobs(&sysfs)?;
         plugin.log_banner();
         life.plugin = Some(Arc::clone(&plugin));
         Ok(plugin)
@@ -276,22 +278,25 @@ impl Plugin {
             .collect()
     }
 
-    /// `NCCL_IB_GID_INDEX` names one GID index for every RoCE port: refuse it here, naming the
-    /// variable, when a selected port has no such GID, rather than at the first `listen`.
-    fn check_gid_index(&self, sysfs: &SysfsRoot) -> Result<()> {
-        let Some(index) = self.config.gid_index else {
-            return Ok(());
-        };
+    /// `NCCL_IB_GID_INDEX` and `NCCL_IB_PKEY` name one table index for every port (the GID
+    /// index every RoCE port): refuse them here, naming the variable, when a selected port has
+    /// no such entry, rather than at the first `listen`.
+    fn check_port_knobs(&self, sysfs: &SysfsRoot) -> Result<()> {
+        let config = &self.config;
+        let policy = GidPolicy::from_config(config);
         let devices = self.devices.read();
-        let roce_ports = devices
-            .iter()
-            .flat_map(|d| &d.virt.members)
-            .filter(|m| m.link_layer == LinkLayer::Ethernet);
-        for port in roce_ports {
-            let gids = sysfs.port_gids(&port.device, port.port);
-            let config = &self.config;
-            select_gid(&gids, Some(index), config.addr_family, config.roce_version)
-                .map_err(|why| Error::config(format!("{why} on {}:{}", port.device, port.port)))?;
+        for port in devices.iter().flat_map(|d| &d.virt.members) {
+            let where_ = format!("{}:{}", port.device, port.port);
+            if config.gid_index.is_some() && port.link_layer == LinkLayer::Ethernet {
+                choose_gid(&sysfs.port_gids(&port.device, port.port), &policy)
+                    .chosen
+                    .map_err(|why| Error::config(format!("{why} on {where_}")))?;
+            }
+            if let Some(index) = config.pkey_index {
+                pkey_at(&sysfs.port_pkeys(&port.device, port.port), index).map_err(|why| {
+                    Error::config(format!("NCCL_IB_PKEY={index} on {where_}: {why}"))
+                })?;
+            }
         }
         Ok(())
     }

@@ -1,11 +1,12 @@
 //! RoCE GID selection (nccl-net-abi.md §3.7): `NCCL_IB_GID_INDEX` when set; otherwise the GID
-//! with the preferred address family (IPv4-mapped by default) and RoCE version, falling back to
-//! IPv6 when a port has no IPv4 GID.
+//! inside `NCCL_IB_ADDR_RANGE` (when set) with the preferred address family (IPv4-mapped by
+//! default) and RoCE version, falling back to the best of the rest, with its shortfalls named,
+//! when a port has none (NCCL's transport falls back to index 0).
 
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
 
-use crate::core::config::AddrFamily;
+use crate::core::config::{AddrFamily, AddrRange, Config};
 
 /// One populated entry of a port's GID table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,57 +99,77 @@ pub struct GidChoice {
     pub shortfalls: Vec<String>,
 }
 
-/// The preferences an entry misses, in the order selection weighs them.
-fn shortfalls(e: &GidEntry, family: AddrFamily, roce_version: u32) -> [Option<String>; 3] {
-    let family_name = |f: AddrFamily| match f {
-        AddrFamily::V4 => "AF_INET",
-        AddrFamily::V6 => "AF_INET6",
-    };
-    [
-        e.is_link_local()
-            .then(|| "link-local (fe80::/10, not routable beyond the link)".to_owned()),
-        (e.family() != family).then(|| {
-            format!(
-                "{}, NCCL_IB_ADDR_FAMILY prefers {}",
-                family_name(e.family()),
-                family_name(family)
-            )
-        }),
-        match e.roce_version {
-            Some(v) if u32::from(v) == roce_version => None,
-            Some(v) => Some(format!(
-                "RoCE v{v}, NCCL_IB_ROCE_VERSION_NUM prefers v{roce_version}"
-            )),
-            None => Some(
-                "RoCE version unreadable (gid_attrs/types; in a container: a GID of another \
-                 network namespace)"
-                    .to_owned(),
-            ),
-        },
-    ]
+/// What RoCE GID selection honours, from the configuration.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct GidPolicy {
+    /// `NCCL_IB_GID_INDEX`: this entry and no other.
+    pub fixed_index: Option<u32>,
+    /// `NCCL_IB_ADDR_FAMILY`.
+    pub family: AddrFamily,
+    /// `NCCL_IB_ADDR_RANGE`.
+    pub range: Option<AddrRange>,
+    /// `NCCL_IB_ROCE_VERSION_NUM`.
+    pub roce_version: u32,
 }
 
-/// Choose the GID for a RoCE port among its populated entries: `fixed_index` when set,
-/// otherwise the best by (routable, preferred family, preferred RoCE version, lowest index);
-/// a port without the preferred family falls back to the other one rather than failing.
-pub fn choose_gid(
-    entries: &[GidEntry],
-    fixed_index: Option<u32>,
-    family: AddrFamily,
-    roce_version: u32,
-) -> GidChoice {
+impl GidPolicy {
+    /// The policy the variables in `config` ask for.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            fixed_index: config.gid_index,
+            family: config.addr_family,
+            range: config.addr_range,
+            roce_version: config.roce_version,
+        }
+    }
+
+    /// The range `e` lies outside of, when selection was automatic (a fixed index ignores the
+    /// range, as NCCL's transport does): a GID the user's subnet rules out.
+    pub fn range_missed_by(&self, e: &GidEntry) -> Option<AddrRange> {
+        self.range
+            .filter(|r| self.fixed_index.is_none() && !r.contains(e.ip()))
+    }
+
+    /// The preferences `e` misses, in the order selection weighs them: outside the range,
+    /// link-local, other family, other RoCE version.
+    fn shortfalls(&self, e: &GidEntry) -> [Option<String>; 4] {
+        [
+            self.range_missed_by(e)
+                .map(|r| format!("outside NCCL_IB_ADDR_RANGE {r}")),
+            e.is_link_local()
+                .then(|| "link-local (fe80::/10, not routable beyond the link)".to_owned()),
+            (e.family() != self.family).then(|| {
+                format!(
+                    "{}, NCCL_IB_ADDR_FAMILY prefers {}",
+                    e.family().name(),
+                    self.family.name()
+                )
+            }),
+            match e.roce_version {
+                Some(v) if u32::from(v) == self.roce_version => None,
+                Some(v) => Some(format!(
+                    "RoCE v{v}, NCCL_IB_ROCE_VERSION_NUM prefers v{}",
+                    self.roce_version
+                )),
+                None => Some(
+                    "RoCE version unreadable (gid_attrs/types; in a container: a GID of another \
+                     network namespace)"
+                        .to_owned(),
+                ),
+            },
+        ]
+    }
+}
+
+/// Choose the GID for a RoCE port among its populated entries: the policy's fixed index when
+/// set, otherwise the best by (inside the range, routable, preferred family, preferred RoCE
+/// version, lowest index); a port without an entry that meets every preference falls back to
+/// the best of the rest rather than failing, and the choice says what it misses.
+pub fn choose_gid(entries: &[GidEntry], policy: &GidPolicy) -> GidChoice {
     let populated: Vec<&GidEntry> = entries.iter().filter(|e| e.gid != [0; 16]).collect();
-    let misses = |e: &GidEntry| shortfalls(e, family, roce_version);
-    let rank = |e: &GidEntry| {
-        let [link_local, other_family, other_version] = misses(e);
-        (
-            link_local.is_none(),
-            other_family.is_none(),
-            other_version.is_none(),
-            std::cmp::Reverse(e.index),
-        )
-    };
-    let chosen = match fixed_index {
+    let misses = |e: &GidEntry| policy.shortfalls(e);
+    let rank = |e: &GidEntry| (misses(e).map(|m| m.is_none()), std::cmp::Reverse(e.index));
+    let chosen = match policy.fixed_index {
         Some(index) => populated
             .iter()
             .find(|e| e.index == index)
@@ -169,7 +190,7 @@ pub fn choose_gid(
     let candidates = populated
         .iter()
         .map(|e| {
-            let rejected = match (&chosen, fixed_index) {
+            let rejected = match (&chosen, policy.fixed_index) {
                 (Ok(c), _) if c.index == e.index => None,
                 (_, Some(index)) => Some(format!("NCCL_IB_GID_INDEX={index} pins another entry")),
                 (Ok(c), None) => {
@@ -201,22 +222,27 @@ pub fn choose_gid(
     }
 }
 
-/// [`choose_gid`]'s chosen entry.
-///
-/// # Errors
-/// A message naming the port's table when the requested index is absent or no entry is usable.
-pub fn select_gid(
-    entries: &[GidEntry],
-    fixed_index: Option<u32>,
-    family: AddrFamily,
-    roce_version: u32,
-) -> Result<GidEntry, String> {
-    choose_gid(entries, fixed_index, family, roce_version).chosen
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn policy(fixed_index: Option<u32>, family: AddrFamily, roce_version: u32) -> GidPolicy {
+        GidPolicy {
+            fixed_index,
+            family,
+            range: None,
+            roce_version,
+        }
+    }
+
+    fn pick(
+        entries: &[GidEntry],
+        fixed_index: Option<u32>,
+        family: AddrFamily,
+        roce_version: u32,
+    ) -> Result<GidEntry, String> {
+        choose_gid(entries, &policy(fixed_index, family, roce_version)).chosen
+    }
 
     fn entry(index: u32, gid: &str, version: u8) -> GidEntry {
         GidEntry {
@@ -268,15 +294,11 @@ mod tests {
     #[test]
     fn auto_prefers_ipv4_roce_v2() {
         assert_eq!(
-            select_gid(&cx7_table(), None, AddrFamily::V4, 2)
-                .unwrap()
-                .index,
+            pick(&cx7_table(), None, AddrFamily::V4, 2).unwrap().index,
             3
         );
         assert_eq!(
-            select_gid(&rxe_table(), None, AddrFamily::V4, 2)
-                .unwrap()
-                .index,
+            pick(&rxe_table(), None, AddrFamily::V4, 2).unwrap().index,
             1
         );
     }
@@ -284,15 +306,11 @@ mod tests {
     #[test]
     fn family_and_version_preferences_are_honoured() {
         assert_eq!(
-            select_gid(&cx7_table(), None, AddrFamily::V4, 1)
-                .unwrap()
-                .index,
+            pick(&cx7_table(), None, AddrFamily::V4, 1).unwrap().index,
             2
         );
         assert_eq!(
-            select_gid(&cx7_table(), None, AddrFamily::V6, 2)
-                .unwrap()
-                .index,
+            pick(&cx7_table(), None, AddrFamily::V6, 2).unwrap().index,
             5
         );
     }
@@ -303,13 +321,10 @@ mod tests {
             .into_iter()
             .filter(|e| e.family() == AddrFamily::V6)
             .collect();
-        assert_eq!(
-            select_gid(&table, None, AddrFamily::V4, 2).unwrap().index,
-            5
-        );
+        assert_eq!(pick(&table, None, AddrFamily::V4, 2).unwrap().index, 5);
         let link_local_only = vec![cx7_table()[1].clone()];
         assert_eq!(
-            select_gid(&link_local_only, None, AddrFamily::V4, 2)
+            pick(&link_local_only, None, AddrFamily::V4, 2)
                 .unwrap()
                 .index,
             1
@@ -319,22 +334,22 @@ mod tests {
     #[test]
     fn fixed_index_wins_or_explains() {
         assert_eq!(
-            select_gid(&cx7_table(), Some(0), AddrFamily::V4, 2)
+            pick(&cx7_table(), Some(0), AddrFamily::V4, 2)
                 .unwrap()
                 .index,
             0
         );
-        let e = select_gid(&rxe_table(), Some(7), AddrFamily::V4, 2).unwrap_err();
+        let e = pick(&rxe_table(), Some(7), AddrFamily::V4, 2).unwrap_err();
         assert!(
             e.contains("NCCL_IB_GID_INDEX=7") && e.contains("GID index 1"),
             "{e}"
         );
-        assert!(select_gid(&[], None, AddrFamily::V4, 2).is_err());
+        assert!(pick(&[], None, AddrFamily::V4, 2).is_err());
     }
 
     #[test]
     fn every_candidate_passed_over_has_a_reason() {
-        let choice = choose_gid(&cx7_table(), None, AddrFamily::V4, 2);
+        let choice = choose_gid(&cx7_table(), &policy(None, AddrFamily::V4, 2));
         assert_eq!(choice.chosen.as_ref().unwrap().index, 3);
         assert!(choice.shortfalls.is_empty());
         let reasons: Vec<(u32, Option<&str>)> = choice
@@ -367,14 +382,14 @@ mod tests {
             .into_iter()
             .filter(|e| e.family() == AddrFamily::V6)
             .collect();
-        let choice = choose_gid(&v6_only, None, AddrFamily::V4, 2);
+        let choice = choose_gid(&v6_only, &policy(None, AddrFamily::V4, 2));
         assert_eq!(choice.chosen.unwrap().index, 5);
         assert_eq!(
             choice.shortfalls,
             ["AF_INET6, NCCL_IB_ADDR_FAMILY prefers AF_INET"]
         );
 
-        let pinned = choose_gid(&cx7_table(), Some(0), AddrFamily::V4, 2);
+        let pinned = choose_gid(&cx7_table(), &policy(Some(0), AddrFamily::V4, 2));
         assert_eq!(pinned.shortfalls.len(), 3, "{:?}", pinned.shortfalls);
         assert_eq!(
             pinned.candidates[3].rejected.as_deref(),
@@ -383,8 +398,65 @@ mod tests {
 
         let mut unreadable = rxe_table();
         unreadable[1].roce_version = None;
-        let choice = choose_gid(&unreadable, None, AddrFamily::V4, 2);
+        let choice = choose_gid(&unreadable, &policy(None, AddrFamily::V4, 2));
         assert_eq!(choice.chosen.unwrap().index, 1);
         assert!(choice.shortfalls[0].contains("another network namespace"));
+    }
+
+    #[test]
+    fn the_address_range_decides_before_the_other_preferences() {
+        let range = |text: &str| {
+            Config::from_vars([("NCCL_IB_ADDR_RANGE", text)])
+                .unwrap()
+                .addr_range
+        };
+        // The port carries a second IPv4 address, in another subnet, at a higher index.
+        let mut table = cx7_table();
+        table.push(entry(6, "0000:0000:0000:0000:0000:ffff:0a01:0007", 2));
+        let within = GidPolicy {
+            range: range("10.1.0.0/16"),
+            ..policy(None, AddrFamily::V4, 2)
+        };
+        let choice = choose_gid(&table, &within);
+        assert_eq!(choice.chosen.as_ref().unwrap().index, 6);
+        assert!(choice.shortfalls.is_empty());
+        assert_eq!(
+            choice.candidates[3].rejected.as_deref(),
+            Some("outside NCCL_IB_ADDR_RANGE 10.1.0.0/16")
+        );
+        // Without the range the lower index wins, as before.
+        assert_eq!(pick(&table, None, AddrFamily::V4, 2).unwrap().index, 3);
+
+        // No entry inside: the best of the rest, saying what it misses (NCCL keeps index 0).
+        let nowhere = GidPolicy {
+            range: range("192.168.0.0/16"),
+            ..within
+        };
+        let choice = choose_gid(&table, &nowhere);
+        assert_eq!(choice.chosen.unwrap().index, 3);
+        assert_eq!(
+            choice.shortfalls,
+            ["outside NCCL_IB_ADDR_RANGE 192.168.0.0/16"]
+        );
+
+        // NCCL_IB_GID_INDEX wins and the range is ignored, as in NCCL's transport.
+        let pinned = GidPolicy {
+            fixed_index: Some(3),
+            ..nowhere
+        };
+        assert!(choose_gid(&table, &pinned).shortfalls.is_empty());
+
+        let v6 = GidPolicy {
+            range: Config::from_vars([
+                ("NCCL_IB_ADDR_RANGE", "fd00::/8"),
+                ("NCCL_IB_ADDR_FAMILY", "AF_INET6"),
+            ])
+            .unwrap()
+            .addr_range,
+            ..policy(None, AddrFamily::V6, 2)
+        };
+        let choice = choose_gid(&table, &v6);
+        assert_eq!(choice.chosen.unwrap().index, 5);
+        assert!(choice.shortfalls.is_empty());
     }
 }

@@ -13,6 +13,7 @@ mod hca_filter;
 mod ib_path;
 mod link;
 mod pci;
+mod pkey;
 mod select;
 mod sysfs;
 
@@ -22,12 +23,13 @@ pub use gdr::{
     dmabuf_both_sides, gdr_verdict, relaxed_ordering,
 };
 pub use gid::{
-    GidCandidate, GidChoice, GidEntry, choose_gid, parse_gid, parse_roce_version, select_gid,
+    GidCandidate, GidChoice, GidEntry, GidPolicy, choose_gid, parse_gid, parse_roce_version,
 };
 pub use hca_filter::HcaFilter;
 pub use ib_path::{IbRoute, ib_route, select_ib_gid};
 pub use link::{LinkLayer, link_speed_mbps, mtu_bytes};
 pub use pci::{BadPciAddress, PciAddress, PciFunction};
+pub use pkey::{PKey, parse_pkey, pkey_at};
 pub use select::{
     HcaPort, NetDevice, PORT_ACTIVE, Selection, phys_state_name, port_state_name, select_devices,
 };

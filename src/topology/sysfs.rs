@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{GidEntry, PciAddress, PciFunction, parse_gid, parse_roce_version};
+use super::{GidEntry, PKey, PciAddress, PciFunction, parse_gid, parse_pkey, parse_roce_version};
 
 /// Root of a sysfs tree: `/sys` on a real machine, a fixture directory in tests.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,6 +123,31 @@ impl SysfsRoot {
             .collect();
         entries.sort_by_key(|e| e.index);
         entries
+    }
+
+    /// A port's P_Key table as `(index, key)` pairs in index order, empty entries included;
+    /// empty when the table cannot be read.
+    pub fn port_pkeys(&self, device: &str, port: u32) -> Vec<(u32, PKey)> {
+        let dir = self
+            .ib_device_dir(device)
+            .join("ports")
+            .join(port.to_string())
+            .join("pkeys");
+        let Ok(listing) = std::fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        let mut table: Vec<(u32, PKey)> = listing
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                let index: u32 = name.parse().ok()?;
+                Some((
+                    index,
+                    parse_pkey(&std::fs::read_to_string(dir.join(&name)).ok()?)?,
+                ))
+            })
+            .collect();
+        table.sort_unstable_by_key(|(index, _)| *index);
+        table
     }
 }
 

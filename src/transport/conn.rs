@@ -186,7 +186,7 @@ impl QpSet {
             .map(|i| {
                 let port = &ctx.ports[i % members];
                 let qp = QueuePair::new(&port.pd, &cqs[i % members], caps)?;
-                qp.to_init(port.port_num(), access)?;
+                qp.to_init(port.port_num(), port.pkey_index, access)?;
                 Ok(Arc::new(qp))
             })
             .collect::<Result<Vec<_>>>()?;

@@ -14,8 +14,8 @@ use super::watch::DeviceHealth;
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::topology::{
-    GidEntry, LinkLayer, NetDevice, PORT_ACTIVE, SysfsRoot, VirtualDevice, port_state_name,
-    select_gid, select_ib_gid,
+    GidEntry, GidPolicy, LinkLayer, NetDevice, PORT_ACTIVE, SysfsRoot, VirtualDevice, choose_gid,
+    pkey_at, port_state_name, select_ib_gid,
 };
 use crate::verbs::{Device, InterfaceAddr, ProtectionDomain, interface_addrs};
 
@@ -115,6 +115,8 @@ pub struct PortContext {
     /// The port requires a global route header (InfiniBand; see
     /// [`ib_route`](crate::topology::ib_route)).
     pub grh_required: bool,
+    /// P_Key index of every QP on this port (`NCCL_IB_PKEY`, else 0).
+    pub pkey_index: u16,
     /// Active MTU code.
     pub mtu: u8,
     /// Link layer code.
@@ -144,20 +146,16 @@ impl PortContext {
         let pd = ProtectionDomain::new(&device)?;
         let port = device.port_state(net.port)?;
         let where_ = format!("{}:{}", net.device, net.port);
-        let gid = if net.link_layer == LinkLayer::Ethernet {
-            let entries = sysfs.port_gids(&net.device, net.port);
-            select_gid(
-                &entries,
-                config.gid_index,
-                config.addr_family,
-                config.roce_version,
-            )
-            .map_err(|why| Error::config(format!("no usable GID on {where_}: {why}")))?
-        } else {
-            select_ib_gid(
-                &sysfs.port_gids(&net.device, net.port),
-                config.routable_flid_gid_index,
-            )
+        let (gid, shortfalls, outside_range) = port_gid(net, config, sysfs)?;
+        let pkey = match config.pkey_index {
+            Some(index) => {
+                let key =
+                    pkey_at(&sysfs.port_pkeys(&net.device, net.port), index).map_err(|why| {
+                        Error::config(format!("NCCL_IB_PKEY={index} on {where_}: {why}"))
+                    })?;
+                format!(", P_Key {key} at index {index}")
+            }
+            None => String::new(),
         };
         let interfaces = interface_addrs()?;
         let oob_ip = choose_oob_address(&interfaces, config.socket_ifname.as_deref(), &gid)
@@ -173,12 +171,22 @@ impl PortContext {
         } else {
             ""
         };
-        tracing::info!(
-            target: crate::log::INIT_TARGET,
-            "NET/{}: {where_} uses {gid}, MTU code {}, out-of-band address {oob_ip}{grh}",
+        let gid_says = if shortfalls.is_empty() {
+            String::new()
+        } else {
+            format!(" (best available: {})", shortfalls.join("; "))
+        };
+        let line = format!(
+            "NET/{}: {where_} uses {gid}{gid_says}{pkey}, MTU code {}, out-of-band address {oob_ip}{grh}",
             crate::plugin::PLUGIN_NAME,
             port.active_mtu
         );
+        // A range the user named and no GID inside it: likely unreachable from the peers.
+        if outside_range {
+            tracing::warn!(target: crate::log::INIT_TARGET, "{line}");
+        } else {
+            tracing::info!(target: crate::log::INIT_TARGET, "{line}");
+        }
         Ok(Self {
             net: net.clone(),
             device,
@@ -186,6 +194,7 @@ impl PortContext {
             gid,
             lid: port.lid,
             grh_required: port.grh_required,
+            pkey_index: config.pkey_index.unwrap_or(0),
             mtu: port.active_mtu,
             link_layer: port.link_layer,
             oob_ip,
@@ -210,6 +219,30 @@ impl Drop for PortContext {
     fn drop(&mut self) {
         self.health.unwatch();
     }
+}
+
+/// The GID `net`'s QPs use, the preferences it misses (for the port's log line), and whether it
+/// lies outside the `NCCL_IB_ADDR_RANGE` the user named.
+fn port_gid(
+    net: &NetDevice,
+    config: &Config,
+    sysfs: &SysfsRoot,
+) -> Result<(GidEntry, Vec<String>, bool)> {
+    let gids = sysfs.port_gids(&net.device, net.port);
+    if net.link_layer != LinkLayer::Ethernet {
+        let gid = select_ib_gid(&gids, config.routable_flid_gid_index);
+        return Ok((gid, Vec::new(), false));
+    }
+    let policy = GidPolicy::from_config(config);
+    let choice = choose_gid(&gids, &policy);
+    let gid = choice.chosen.map_err(|why| {
+        Error::config(format!(
+            "no usable GID on {}:{}: {why}",
+            net.device, net.port
+        ))
+    })?;
+    let outside_range = policy.range_missed_by(&gid).is_some();
+    Ok((gid, choice.shortfalls, outside_range))
 }
 
 /// Where the out-of-band listener binds: `NCCL_SOCKET_IFNAME`'s address when set (prefix match,

@@ -51,6 +51,7 @@ impl FlushQp {
         let qp = QueuePair::new(&port.pd, cq, RECV_QP_CAPS)?;
         qp.to_init(
             port.port_num(),
+            port.pkey_index,
             Access::LOCAL_WRITE.with(Access::REMOTE_READ),
         )?;
         let own = port.endpoint(0);

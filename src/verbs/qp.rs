@@ -232,14 +232,14 @@ impl QueuePair {
         unsafe { MaybeUninit::<sys::ibv_qp_attr>::zeroed().assume_init() }
     }
 
-    /// RESET → INIT with the given remote access rights.
+    /// RESET → INIT on `port`'s partition at `pkey_index`, with the given remote access rights.
     ///
     /// # Errors
-    /// `System` when the transition fails.
-    pub fn to_init(&self, port: u8, access: Access) -> Result<()> {
+    /// `System` when the transition fails (e.g. EINVAL for an empty P_Key entry).
+    pub fn to_init(&self, port: u8, pkey_index: u16, access: Access) -> Result<()> {
         let mut a = Self::zeroed_attr();
         a.qp_state = IBV_QPS_INIT;
-        a.pkey_index = 0;
+        a.pkey_index = pkey_index;
         a.port_num = port;
         a.qp_access_flags = access.bits();
         // STATE | PKEY_INDEX | PORT | ACCESS_FLAGS

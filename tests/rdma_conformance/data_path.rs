@@ -19,6 +19,29 @@ fn transfer_sizes(cx: &mut Cx) {
     }
 }
 
+/// `transfer_sizes` over the GID `NCCL_IB_ADDR_RANGE=::1/128` picks on rxe0 (IPv6 loopback,
+/// not its first choice by default), the port's INFO line naming it.
+fn transfer_over_the_gid_in_range(cx: &mut Cx) {
+    println!("EXPECT_STDERR rxe0:1 uses GID index ");
+    println!("EXPECT_STDERR  ::1 (RoCE v2), MTU code");
+    transfer_sizes(cx);
+}
+
+/// A range no GID of rxe0 is in: the best other GID (its IPv4 one) and a WARN line saying what
+/// it misses, where NCCL's transport would take index 0 (link-local) silently.
+fn transfer_outside_any_range(cx: &mut Cx) {
+    println!(
+        "EXPECT_STDERR :127.0.0.1 (RoCE v2) (best available: outside NCCL_IB_ADDR_RANGE 10.9.0.0/16)"
+    );
+    transfer_sizes(cx);
+}
+
+/// `NCCL_IB_PKEY` set: the key at that index is checked and named, every QP joins it.
+fn transfer_in_the_named_partition(cx: &mut Cx) {
+    println!("EXPECT_STDERR , P_Key 0xffff (full member) at index 0, MTU code");
+    transfer_sizes(cx);
+}
+
 fn many_messages(cx: &mut Cx) {
     // 40 messages rotate over every QP of the connection and wrap the 32 slots.
     let msgs: Vec<(u64, usize)> = (0..40)
@@ -592,6 +615,29 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         ranks: 2,
         run: grouped_receive_of_8_matches_tags,
         env: &[AR4K],
+    },
+    // Addressing knobs (NCCL_IB_ADDR_RANGE picks the GID; NCCL_IB_PKEY the partition).
+    Scenario {
+        name: "addr_range_picks_the_gid_inside_it",
+        ranks: 2,
+        run: transfer_over_the_gid_in_range,
+        env: &[&[
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_IB_ADDR_FAMILY", "AF_INET6"),
+            ("NCCL_IB_ADDR_RANGE", "::1/128"),
+        ]],
+    },
+    Scenario {
+        name: "addr_range_matching_nothing_keeps_the_best_gid_and_warns",
+        ranks: 2,
+        run: transfer_outside_any_range,
+        env: &[&[("NCCL_IB_ADDR_RANGE", "10.9.0.0/16")]],
+    },
+    Scenario {
+        name: "pkey_index_names_the_partition",
+        ranks: 2,
+        run: transfer_in_the_named_partition,
+        env: &[&[("NCCL_DEBUG", "INFO"), ("NCCL_IB_PKEY", "0")]],
     },
     Scenario {
         name: "three_qps_round_robin",

@@ -77,7 +77,7 @@ pub(crate) struct CardPort {
     pub(crate) lid: u16,
     /// Subnet manager LID.
     pub(crate) sm_lid: u16,
-    /// `pkeys/0`.
+    /// The P_Key the QPs use (`pkeys/<NCCL_IB_PKEY>`).
     pub(crate) pkey: Option<String>,
     /// PCI address.
     pub(crate) pci: Option<String>,
