@@ -12,7 +12,7 @@ use crate::core::eager;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::{POSTS_PER_MESSAGE, SLOTS};
 use crate::core::wire::{Cts, DATA_PATH_REVISION, Endpoint, Hello, MAX_RECVS, Role};
-use crate::topology::{IbRoute, ib_route};
+use crate::topology::{GidEntry, IbRoute, ib_route};
 use crate::verbs::{
     Access, Completion, CompletionQueue, HostRegion, PathParams, QpCaps, QueuePair, RemoteEndpoint,
 };
@@ -159,13 +159,18 @@ pub(super) struct QpSet {
     pub(super) cqs: Vec<Arc<CompletionQueue>>,
     /// Shared with the comm's post queues (see `held`).
     pub(super) qps: Vec<Arc<QueuePair>>,
+    /// The members' GIDs this connection uses, in its hello and its QPs alike (taken once:
+    /// see [`PortContext::current_gid`]).
+    pub(super) gids: Vec<GidEntry>,
 }
 
 impl QpSet {
     /// Create `n` QPs in INIT with `access` rights for the peer, QP `i` on member
-    /// `i % members`, plus room in each CQ for `extra` more work requests (a flush QP).
+    /// `i % members` (which uses `gids[i % members]`), plus room in each CQ for `extra` more
+    /// work requests (a flush QP).
     pub(super) fn new(
         ctx: &DeviceContext,
+        gids: Vec<GidEntry>,
         n: usize,
         caps: QpCaps,
         access: Access,
@@ -190,7 +195,7 @@ impl QpSet {
                 Ok(Arc::new(qp))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { cqs, qps })
+        Ok(Self { cqs, qps, gids })
     }
 
     /// Hand every completion in every CQ, with the member whose CQ it came from, to `each`,
@@ -243,9 +248,15 @@ impl QpSet {
         traffic: Traffic,
     ) -> Result<()> {
         for (i, (qp, &qpn)) in self.qps.iter().zip(&remote.qpns).enumerate() {
-            let port = &ctx.ports[i % ctx.ports.len()];
+            let member = i % ctx.ports.len();
             let peer = &remote.members[i % remote.members.len()];
-            let path = path_params(port, &ctx.config, peer, traffic);
+            let path = path_params(
+                &ctx.ports[member],
+                &self.gids[member],
+                &ctx.config,
+                peer,
+                traffic,
+            );
             qp.to_rtr(&RemoteEndpoint { qpn, gid: peer.gid }, &path)?;
             qp.to_rts(&path)?;
         }
@@ -254,16 +265,16 @@ impl QpSet {
 }
 
 impl PortContext {
-    /// This port as the peer sees it, with the key of this side's control ring on it.
-    pub(super) fn endpoint(&self, ring_rkey: u32) -> Endpoint {
+    /// This port as the peer sees it with `gid`, and the key of this side's control ring on it.
+    pub(super) fn endpoint(&self, gid: &GidEntry, ring_rkey: u32) -> Endpoint {
         Endpoint {
             lid: self.lid,
             port: self.port_num(),
             mtu: self.mtu,
             link_layer: self.link_layer,
-            roce_version: self.gid.roce_version.unwrap_or(0),
-            gid: self.gid.gid,
-            gid_index: self.gid.index,
+            roce_version: gid.roce_version.unwrap_or(0),
+            gid: gid.gid,
+            gid_index: gid.index,
             ring_rkey,
             device: self.name().to_owned(),
         }
@@ -277,7 +288,8 @@ pub(super) struct Nonces {
     pub(super) connect: u64,
 }
 
-/// The handshake message describing this side; `ring` is the control ring the peer writes.
+/// The handshake message describing this side (with the GIDs of `qps`); `ring` is the control
+/// ring the peer writes.
 pub(super) fn local_hello(
     ctx: &DeviceContext,
     qps: &QpSet,
@@ -296,7 +308,7 @@ pub(super) fn local_hello(
             .ports
             .iter()
             .enumerate()
-            .map(|(m, port)| port.endpoint(ring.mr(m).rkey()))
+            .map(|(m, port)| port.endpoint(&qps.gids[m], ring.mr(m).rkey()))
             .collect(),
         ring_addr: ring.addr(0),
         traffic_class: traffic.class,
@@ -320,15 +332,11 @@ fn describe_gid(gid: &[u8; 16], index: u32, version: u8) -> String {
     }
 }
 
-fn describe_port(port: &PortContext) -> String {
+fn describe_port(port: &PortContext, gid: &GidEntry) -> String {
     format!(
         "{} {}",
         port.name(),
-        describe_gid(
-            &port.gid.gid,
-            port.gid.index,
-            port.gid.roce_version.unwrap_or(0)
-        )
+        describe_gid(&gid.gid, gid.index, gid.roce_version.unwrap_or(0))
     )
 }
 
@@ -355,10 +363,15 @@ fn describe_endpoint(member: &Endpoint, peer: SocketAddr) -> String {
     )
 }
 
-/// `"rxe0 GID index 1 ::ffff:127.0.0.1 (IPv4 127.0.0.1) RoCE v2"` for this side (members
-/// joined by `" + "`).
-pub(super) fn describe_local(ctx: &DeviceContext) -> String {
-    let ports: Vec<String> = ctx.ports.iter().map(|p| describe_port(p)).collect();
+/// `"rxe0 GID index 1 ::ffff:127.0.0.1 (IPv4 127.0.0.1) RoCE v2"` for this side with the
+/// connection's `gids` (members joined by `" + "`).
+pub(super) fn describe_local(ctx: &DeviceContext, gids: &[GidEntry]) -> String {
+    let ports: Vec<String> = ctx
+        .ports
+        .iter()
+        .zip(gids)
+        .map(|(p, gid)| describe_port(p, gid))
+        .collect();
     ports.join(" + ")
 }
 
@@ -392,9 +405,15 @@ pub(super) fn connection_qps(ctx: &DeviceContext, remote_members: usize) -> usiz
     ctx.ports.len().max(remote_members) * ctx.config.qps_per_connection as usize
 }
 
-/// Refuse a peer whose QP count, link layer or GID kind differs from ours: such QPs would
-/// connect and then fail every transfer with "retry exceeded", which is much harder to diagnose.
-pub(super) fn check_peer(ctx: &DeviceContext, remote: &Hello, peer: SocketAddr) -> Result<()> {
+/// Refuse a peer whose QP count, link layer or GID kind differs from ours (with `gids`): such
+/// QPs would connect and then fail every transfer with "retry exceeded", which is much harder
+/// to diagnose.
+pub(super) fn check_peer(
+    ctx: &DeviceContext,
+    gids: &[GidEntry],
+    remote: &Hello,
+    peer: SocketAddr,
+) -> Result<()> {
     let rails = ctx.ports.len().max(remote.members.len());
     if remote.qpns.len() != connection_qps(ctx, remote.members.len()) {
         return Err(Error::config(format!(
@@ -405,14 +424,19 @@ pub(super) fn check_peer(ctx: &DeviceContext, remote: &Hello, peer: SocketAddr) 
         )));
     }
     for rail in 0..rails {
-        let port = &ctx.ports[rail % ctx.ports.len()];
+        let local = rail % ctx.ports.len();
         let member = &remote.members[rail % remote.members.len()];
-        check_member(port, member, peer)?;
+        check_member(&ctx.ports[local], &gids[local], member, peer)?;
     }
     Ok(())
 }
 
-fn check_member(port: &PortContext, member: &Endpoint, peer: SocketAddr) -> Result<()> {
+fn check_member(
+    port: &PortContext,
+    gid: &GidEntry,
+    member: &Endpoint,
+    peer: SocketAddr,
+) -> Result<()> {
     if member.link_layer != port.link_layer {
         return Err(Error::config(format!(
             "link layers differ: {} is {} but {} is {}",
@@ -423,14 +447,14 @@ fn check_member(port: &PortContext, member: &Endpoint, peer: SocketAddr) -> Resu
         )));
     }
     if port.link_layer == LINK_LAYER_ETHERNET {
-        let local_v4 = Ipv6Addr::from(port.gid.gid).to_ipv4_mapped().is_some();
+        let local_v4 = Ipv6Addr::from(gid.gid).to_ipv4_mapped().is_some();
         let remote_v4 = Ipv6Addr::from(member.gid).to_ipv4_mapped().is_some();
-        let local_version = port.gid.roce_version.unwrap_or(0);
+        let local_version = gid.roce_version.unwrap_or(0);
         if local_v4 != remote_v4 || local_version != member.roce_version {
             return Err(Error::config(format!(
                 "GID mismatch: local {} vs remote {}: both sides must use the same address \
                  family and RoCE version (NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ROCE_VERSION_NUM)",
-                describe_port(port),
+                describe_port(port, gid),
                 describe_endpoint(member, peer)
             )));
         }
@@ -446,11 +470,12 @@ fn link_layer_name(code: u8) -> &'static str {
     }
 }
 
-/// Path parameters for a QP on `port` towards the peer's member `peer`, with the sender's
-/// traffic class and service level. RoCE always sends a global route header; InfiniBand as
-/// NCCL's transport does ([`ib_route`]).
+/// Path parameters for a QP on `port` with source GID `gid` towards the peer's member `peer`,
+/// with the sender's traffic class and service level. RoCE always sends a global route header;
+/// InfiniBand as NCCL's transport does ([`ib_route`]).
 pub(super) fn path_params(
     port: &PortContext,
+    gid: &GidEntry,
     config: &Config,
     peer: &Endpoint,
     traffic: Traffic,
@@ -462,7 +487,7 @@ pub(super) fn path_params(
             why: None,
         }
     } else {
-        ib_route(&port.gid.gid, &peer.gid, peer.lid, port.grh_required)
+        ib_route(&gid.gid, &peer.gid, peer.lid, port.grh_required)
     };
     if let Some(why) = route.why {
         tracing::debug!(
@@ -477,7 +502,7 @@ pub(super) fn path_params(
         mtu: port.mtu.min(peer.mtu),
         global: route.global,
         dlid: route.dlid,
-        sgid_index: u8::try_from(port.gid.index).unwrap_or(0),
+        sgid_index: u8::try_from(gid.index).unwrap_or(0),
         traffic_class: traffic.class,
         service_level: traffic.level,
         timeout: config.ib_timeout,

@@ -89,6 +89,15 @@ impl DeviceContext {
             .collect()
     }
 
+    /// Every member's GID for a connection made now ([`PortContext::current_gid`]), in member
+    /// order.
+    pub fn current_gids(&self) -> Vec<GidEntry> {
+        self.ports
+            .iter()
+            .map(|p| p.current_gid(&self.config))
+            .collect()
+    }
+
     /// Address the out-of-band listener binds: the first member's.
     pub fn oob_ip(&self) -> IpAddr {
         self.ports[0].oob_ip
@@ -107,9 +116,11 @@ pub struct PortContext {
     pub net: NetDevice,
     pub(super) device: Arc<Device>,
     pub(super) pd: Arc<ProtectionDomain>,
-    /// GID used by every QP on this port (on InfiniBand the port GID, or the routable one
-    /// [`select_ib_gid`] picks).
-    pub gid: GidEntry,
+    /// GID for the next connection's QPs (on InfiniBand the port GID, or the routable one
+    /// [`select_ib_gid`] picks); see [`PortContext::current_gid`].
+    gid: Mutex<ChosenGid>,
+    /// Where the GID table is read when it changes.
+    sysfs: SysfsRoot,
     /// Local ID (InfiniBand).
     pub lid: u16,
     /// The port requires a global route header (InfiniBand; see
@@ -191,7 +202,11 @@ impl PortContext {
             net: net.clone(),
             device,
             pd,
-            gid,
+            gid: Mutex::new(ChosenGid {
+                entry: gid,
+                changes_seen: 0,
+            }),
+            sysfs: sysfs.clone(),
             lid: port.lid,
             grh_required: port.grh_required,
             pkey_index: config.pkey_index.unwrap_or(0),
@@ -202,6 +217,39 @@ impl PortContext {
             relaxed_ordering: AtomicBool::new(relaxed_ordering),
             health,
         })
+    }
+
+    /// The GID for a connection made now: the one chosen at open, or the one chosen again when
+    /// the device reported a change in a GID table since (`IBV_EVENT_GID_CHANGE`: an address
+    /// added, removed or moved, after which an index may hold another GID). A connection takes
+    /// it once and uses it for its hello and its QPs alike.
+    pub fn current_gid(&self, config: &Config) -> GidEntry {
+        let changes = self.health.gid_changes();
+        let mut chosen = self.gid.lock();
+        if chosen.changes_seen != changes {
+            chosen.changes_seen = changes;
+            let where_ = format!("{}:{}", self.net.device, self.net.port);
+            match port_gid(&self.net, config, &self.sysfs) {
+                Ok((entry, ..)) if entry == chosen.entry => {}
+                Ok((entry, ..)) => {
+                    tracing::info!(
+                        target: crate::log::INIT_TARGET,
+                        "NET/{}: {where_}: after the GID table changed, connections use {entry} \
+                         (was {})",
+                        crate::plugin::PLUGIN_NAME,
+                        chosen.entry
+                    );
+                    chosen.entry = entry;
+                }
+                Err(e) => tracing::warn!(
+                    "NET/{}: {where_}: after the GID table changed, no GID is usable ({e}); \
+                     connections keep {}",
+                    crate::plugin::PLUGIN_NAME,
+                    chosen.entry
+                ),
+            }
+        }
+        chosen.entry.clone()
     }
 
     /// The device name.
@@ -219,6 +267,13 @@ impl Drop for PortContext {
     fn drop(&mut self) {
         self.health.unwatch();
     }
+}
+
+/// A port's GID and the count of its device's GID-table changes the choice has seen.
+#[derive(Debug)]
+struct ChosenGid {
+    entry: GidEntry,
+    changes_seen: u64,
 }
 
 /// The GID `net`'s QPs use, the preferences it misses (for the port's log line), and whether it

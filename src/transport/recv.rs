@@ -26,6 +26,7 @@ use crate::core::proto::{
     Arrived, CtsLayout, CtsPost, EagerCopy, EagerHeader, Layout, RecvBuf, RecvDone, RecvSide, SLOTS,
 };
 use crate::core::wire::{Cts, Hello, Role};
+use crate::topology::GidEntry;
 use crate::verbs::{
     Access, Completion, CompletionQueue, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair,
     RemoteEndpoint, Sge, WorkRequest,
@@ -47,15 +48,20 @@ struct FlushQp {
 }
 
 impl FlushQp {
-    fn new(port: &PortContext, cq: &Arc<CompletionQueue>, config: &Config) -> Result<Self> {
+    fn new(
+        port: &PortContext,
+        gid: &GidEntry,
+        cq: &Arc<CompletionQueue>,
+        config: &Config,
+    ) -> Result<Self> {
         let qp = QueuePair::new(&port.pd, cq, RECV_QP_CAPS)?;
         qp.to_init(
             port.port_num(),
             port.pkey_index,
             Access::LOCAL_WRITE.with(Access::REMOTE_READ),
         )?;
-        let own = port.endpoint(0);
-        let path = path_params(port, config, &own, Traffic::default());
+        let own = port.endpoint(gid, 0);
+        let path = path_params(port, gid, config, &own, Traffic::default());
         qp.to_rtr(
             &RemoteEndpoint {
                 qpn: qp.qpn(),
@@ -182,7 +188,8 @@ impl RecvComm {
         remote: &Hello,
         peer: SocketAddr,
     ) -> Result<(Self, Hello)> {
-        check_peer(ctx, remote, peer)?;
+        let gids = ctx.current_gids();
+        check_peer(ctx, &gids, remote, peer)?;
         let flush_wrs = if ctx.config.flush_enabled {
             SLOTS as u32
         } else {
@@ -190,6 +197,7 @@ impl RecvComm {
         };
         let qps = QpSet::new(
             ctx,
+            gids,
             remote.qpns.len(),
             RECV_QP_CAPS,
             Access::REMOTE_WRITE.with(Access::REMOTE_READ),
@@ -220,7 +228,8 @@ impl RecvComm {
             ctx.ports
                 .iter()
                 .zip(&qps.cqs)
-                .map(|(port, cq)| FlushQp::new(port, cq, &ctx.config))
+                .zip(&qps.gids)
+                .map(|((port, cq), gid)| FlushQp::new(port, gid, cq, &ctx.config))
                 .collect::<Result<Vec<_>>>()?
         } else {
             Vec::new()
@@ -247,7 +256,7 @@ impl RecvComm {
             eager_bytes,
             quiet: quiet_receives(&ctx.config, eager_bytes, remote),
         };
-        let local = describe_local(ctx);
+        let local = describe_local(ctx, &qps.gids);
         let remote_desc = describe_remote(remote, peer);
         tracing::debug!(
             "recv comm accepted: {remote_desc} -> {local}, {} QPs, {}, {}",

@@ -171,7 +171,14 @@ impl Connecting {
 
     fn build(&self) -> Result<Pending> {
         let nqps = connection_qps(&self.ctx, usize::from(self.handle.members));
-        let qps = QpSet::new(&self.ctx, nqps, SEND_QP_CAPS, Access::REMOTE_WRITE, 0)?;
+        let qps = QpSet::new(
+            &self.ctx,
+            self.ctx.current_gids(),
+            nqps,
+            SEND_QP_CAPS,
+            Access::REMOTE_WRITE,
+            0,
+        )?;
         let cts_ring = HostRegion::new(
             &self.ctx.pds(),
             CTS_REGION_BYTES,
@@ -200,7 +207,7 @@ impl Connecting {
     }
 
     fn finish(&self, pending: Pending, remote: &Hello, peer: SocketAddr) -> Result<SendComm> {
-        check_peer(&self.ctx, remote, peer)?;
+        check_peer(&self.ctx, &pending.qps.gids, remote, peer)?;
         let config = &self.ctx.config;
         pending.qps.connect(&self.ctx, remote, self.traffic)?;
         let staging = HostRegion::new(&self.ctx.pds(), STAGING_BYTES, Access::LOCAL_WRITE)?;
@@ -236,7 +243,7 @@ impl Connecting {
             }
             None => SendSide::new(layout),
         };
-        let local = describe_local(&self.ctx);
+        let local = describe_local(&self.ctx, &pending.qps.gids);
         let remote_desc = describe_remote(remote, peer);
         let all_infiniband = self
             .ctx

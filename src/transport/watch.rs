@@ -232,6 +232,8 @@ pub struct DeviceHealth {
     fail_on_fatal: bool,
     fatal: AtomicBool,
     key: AtomicU64,
+    /// How many times the device reported a change in a GID table.
+    gid_changes: AtomicU64,
 }
 
 impl DeviceHealth {
@@ -248,10 +250,17 @@ impl DeviceHealth {
             fail_on_fatal,
             fatal: AtomicBool::new(false),
             key: AtomicU64::new(0),
+            gid_changes: AtomicU64::new(0),
         });
         let key = Watcher::get()?.register(fd, Target::Device(Arc::clone(&health)))?;
         health.key.store(key, Ordering::Release);
         Ok(health)
+    }
+
+    /// How many GID-table changes the device has reported (`IBV_EVENT_GID_CHANGE`): a port
+    /// whose count moved chooses its GID again for its next connection.
+    pub fn gid_changes(&self) -> u64 {
+        self.gid_changes.load(Ordering::Acquire)
     }
 
     /// `Err` once the device reported a fatal error.
@@ -309,10 +318,14 @@ impl DeviceHealth {
                 AsyncEvent::PortUp(port) => {
                     tracing::info!("NET/{PLUGIN_NAME}: {name}:{port} is active again")
                 }
-                AsyncEvent::GidChange(port) => tracing::info!(
-                    "NET/{PLUGIN_NAME}: {name}:{port}: GID table changed (an address was added or \
-                     removed); connections made from now on use the GID chosen at open"
-                ),
+                AsyncEvent::GidChange(port) => {
+                    self.gid_changes.fetch_add(1, Ordering::AcqRel);
+                    tracing::info!(
+                        "NET/{PLUGIN_NAME}: {name}:{port}: GID table changed (an address was added \
+                         or removed): the next connection chooses its GID again; connections made \
+                         before keep theirs"
+                    );
+                }
                 AsyncEvent::QueueFatal(what) => tracing::warn!(
                     "NET/{PLUGIN_NAME}: {name}: {what}: the affected comm reports it at its next call"
                 ),

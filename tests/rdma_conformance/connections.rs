@@ -13,6 +13,60 @@ use crate::{
 };
 use nccl_net::driver::UNSUPPORTED;
 
+/// Run `script` with `sh -c` in the VM, failing the scenario when it fails.
+fn sh(script: &str) {
+    let status = Command::new("sh").args(["-c", script]).status().unwrap();
+    assert!(status.success(), "`{script}` failed: {status}");
+}
+
+/// NCCL's transport chooses a port's GID once and only warns on `IBV_EVENT_GID_CHANGE`, so a
+/// table that reorders (an address removed and added back, another taking its index) leaves
+/// every later connection on a stale index (NVIDIA/nccl#2157). Both ranks on rxe1: one
+/// connection, then rank 0 moves 127.0.1.1 from GID index 1 to 2 (fd00::9 takes index 1), then
+/// a second connection must choose index 2 on both sides and move verified bytes. (With the
+/// choice kept from open, measured once: the second accept fails, `ibv_modify_qp to RTR failed
+/// on rxe1 ...: Invalid argument`, index 1 now being an IPv6 GID under an IPv4 hello.)
+fn gid_table_reorder_is_followed_by_the_next_connection(cx: &mut Cx) {
+    let msgs = [(1, 4096), (2, 100_000)];
+    if cx.rank == 0 {
+        let rc = cx.accept_pair();
+        recv_each(&cx.net, rc, &msgs, 0);
+        cx.net.close_recv(rc);
+        sh(
+            "ip addr del 127.0.1.1/32 dev veth0 && ip -6 addr add fd00::9/128 dev veth0 nodad \
+            && ip addr add 127.0.1.1/32 dev veth0 && sleep 1 \
+            && grep -q 0000:0000:0000:0000:0000:ffff:7f00:0101 /sys/class/infiniband/rxe1/ports/1/gids/2",
+        );
+        let (h, lc) = cx.net.listen(cx.dev);
+        println!("HANDLE {}", hex(&h));
+        std::io::stdout().flush().unwrap();
+        let rc = cx.net.accept(lc);
+        cx.net.close_listen(lc);
+        recv_each(&cx.net, rc, &msgs, 0);
+        cx.net.close_recv(rc);
+        // Back to the boot's table (127.0.1.1 at index 1) and its veth route (vm-guest.sh).
+        sh(
+            "ip addr del 127.0.1.1/32 dev veth0 && ip -6 addr del fd00::9/128 dev veth0 \
+            && ip addr add 127.0.1.1/32 dev veth0 \
+            && ip route replace 127.0.1.2/32 dev veth0 src 127.0.1.1 table 100 && sleep 1",
+        );
+        println!(
+            "EXPECT_STDERR rxe1:1: after the GID table changed, connections use GID index 2 ::ffff:127.0.1.1"
+        );
+    } else {
+        let sc = cx.connect_pair();
+        send_each(&cx.net, sc, &msgs, 0);
+        cx.net.close_send(sc);
+        let peer = cx.peer();
+        let sc = cx.net.connect(cx.dev, &peer);
+        send_each(&cx.net, sc, &msgs, 0);
+        cx.net.close_send(sc);
+        println!(
+            "EXPECT_STDERR rxe1:1: after the GID table changed, connections use GID index 2 ::ffff:127.0.1.1"
+        );
+    }
+}
+
 fn thousand_connect_transfer_close_cycles(cx: &mut Cx) {
     const CYCLES: usize = 1000;
     let mut baseline = None;
@@ -419,6 +473,12 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         ranks: 2,
         run: gid_mismatch_fails_naming_both_gids,
         env: &[&[("NCCL_IB_GID_INDEX", "0")], &[]],
+    },
+    Scenario {
+        name: "gid_table_reorder_is_followed_by_the_next_connection",
+        ranks: 2,
+        run: gid_table_reorder_is_followed_by_the_next_connection,
+        env: &[&[("RSIB_TEST_DEV", "rxe1"), ("NCCL_DEBUG", "INFO")]],
     },
     Scenario {
         name: "receiver_closing_fails_the_senders_pending_send",
