@@ -798,7 +798,7 @@ fn ib_pkey(facts: &NodeFacts) -> Vec<Finding> {
             let f = match pkey_at(&table, index) {
                 Ok(key) => {
                     partitions
-                        .entry(format!("{:#06x}", key.0 & 0x7fff))
+                        .entry(format!("{:#06x}", key.partition()))
                         .or_default()
                         .push(m.name.clone());
                     Finding::new(
@@ -831,9 +831,10 @@ fn ib_pkey(facts: &NodeFacts) -> Vec<Finding> {
             };
             f.evidence(
                 port_path(&m.device, m.port, &format!("pkeys/{index}")),
-                sysfs
-                    .read_value(&format!("class/infiniband/{}/ports/{}/pkeys/{index}", m.device, m.port))
-                    .unwrap_or_else(|| "absent".to_owned()),
+                table
+                    .iter()
+                    .find(|(i, _)| *i == u32::from(index))
+                    .map_or_else(|| "absent".to_owned(), |(_, key)| format!("{:#06x}", key.0)),
             )
         })
         .collect();

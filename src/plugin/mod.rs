@@ -29,7 +29,8 @@ use crate::core::error::{Error, Result};
 use crate::log::{self, INIT_TARGET};
 pub use crate::topology::MemorySupport;
 use crate::topology::{
-    GidPolicy, LinkLayer, NetDevice, SysfsRoot, VirtualDevice, choose_gid, fuse_listed, pkey_at,
+    GidPolicy, LinkLayer, NetDevice, SysfsRoot, VirtualDevice, choose_gid, configured_pkey,
+    fuse_listed,
 };
 use crate::transport::DeviceContext;
 use crate::verbs;
@@ -293,9 +294,7 @@ impl Plugin {
                     .map_err(|why| Error::config(format!("{why} on {where_}")))?;
             }
             if let Some(index) = config.pkey_index {
-                pkey_at(&sysfs.port_pkeys(&port.device, port.port), index).map_err(|why| {
-                    Error::config(format!("NCCL_IB_PKEY={index} on {where_}: {why}"))
-                })?;
+                configured_pkey(sysfs, &port.device, port.port, index).map_err(Error::config)?;
             }
         }
         Ok(())

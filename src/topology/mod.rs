@@ -29,7 +29,7 @@ pub use hca_filter::HcaFilter;
 pub use ib_path::{IbRoute, ib_route, select_ib_gid};
 pub use link::{LinkLayer, link_speed_mbps, mtu_bytes};
 pub use pci::{BadPciAddress, PciAddress, PciFunction};
-pub use pkey::{PKey, parse_pkey, pkey_at};
+pub use pkey::{PKey, configured_pkey, parse_pkey, pkey_at};
 pub use select::{
     HcaPort, NetDevice, PORT_ACTIVE, Selection, phys_state_name, port_state_name, select_devices,
 };

@@ -6,14 +6,21 @@
 
 use std::fmt;
 
+use super::SysfsRoot;
+
 /// One P_Key: the partition (low 15 bits) and the membership bit.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct PKey(pub u16);
 
 impl PKey {
+    /// The partition: the key without its membership bit.
+    pub fn partition(self) -> u16 {
+        self.0 & 0x7fff
+    }
+
     /// An entry that names a partition (0x0000 and 0x8000 mark empty ones).
     pub fn is_valid(self) -> bool {
-        self.0 & 0x7fff != 0
+        self.partition() != 0
     }
 
     /// Full members talk to every member of the partition; limited members only to full ones.
@@ -69,6 +76,21 @@ pub fn pkey_at(table: &[(u32, PKey)], index: u16) -> Result<PKey, String> {
             ))
         }
     }
+}
+
+/// The key at `NCCL_IB_PKEY`'s `index` on `device:port`, or why it cannot be used, naming the
+/// variable and the port (what `init` and a port's opening refuse).
+///
+/// # Errors
+/// As [`pkey_at`], on the port's table under `sysfs`.
+pub fn configured_pkey(
+    sysfs: &SysfsRoot,
+    device: &str,
+    port: u32,
+    index: u16,
+) -> Result<PKey, String> {
+    pkey_at(&sysfs.port_pkeys(device, port), index)
+        .map_err(|why| format!("NCCL_IB_PKEY={index} on {device}:{port}: {why}"))
 }
 
 #[cfg(test)]

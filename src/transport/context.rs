@@ -15,7 +15,7 @@ use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::topology::{
     GidEntry, GidPolicy, LinkLayer, NetDevice, PORT_ACTIVE, SysfsRoot, VirtualDevice, choose_gid,
-    pkey_at, port_state_name, select_ib_gid,
+    configured_pkey, port_state_name, select_ib_gid,
 };
 use crate::verbs::{Device, InterfaceAddr, ProtectionDomain, interface_addrs};
 
@@ -161,9 +161,7 @@ impl PortContext {
         let pkey = match config.pkey_index {
             Some(index) => {
                 let key =
-                    pkey_at(&sysfs.port_pkeys(&net.device, net.port), index).map_err(|why| {
-                        Error::config(format!("NCCL_IB_PKEY={index} on {where_}: {why}"))
-                    })?;
+                    configured_pkey(sysfs, &net.device, net.port, index).map_err(Error::config)?;
                 format!(", P_Key {key} at index {index}")
             }
             None => String::new(),
