@@ -80,6 +80,8 @@ impl Node {
         ] {
             fs::create_dir_all(root.join(dir)).unwrap();
         }
+        // A kernel log with nothing in it (a node's /dev/kmsg is read the same way).
+        fs::write(root.join("dev/kmsg"), "").unwrap();
         let node = Self {
             root,
             ports: Vec::new(),
@@ -1287,6 +1289,91 @@ fn plugin_devices_lists_what_nccl_gets() {
         Severity::Skip,
         "no device to check (see plugin.devices)",
     );
+}
+
+/// `/dev/kmsg` records as the kernel hands them out: `PRI,SEQ,MICROS,FLAGS;TEXT`, a dictionary
+/// continuation line after some. Priority 3 = facility 0 (the kernel), level 3; 11 = facility 1
+/// (user space: `echo > /dev/kmsg`), level 3.
+const KMSG: &str = "\
+6,1,0,-;Linux version 6.1.0-28-amd64
+6,2,1500000,-;mlx5_core 0000:0b:00.0: firmware version: 28.39.1002
+ SUBSYSTEM=pci
+ DEVICE=+pci:0000:0b:00.0
+3,3,7200000000,-;mlx5_core 0000:0b:00.0: wait_func:1162:(pid 812): ACCESS_REG(0x805) timeout. Will cause a leak of a command resource
+3,4,7260500000,-;mlx5_core 0000:0b:00.0: wait_func:1162:(pid 812): QUERY_VPORT_COUNTER(0x770) timeout. Will cause a leak of a command resource
+4,5,8000000000,-;mlx5_core 0000:3b:00.0: mlx5_pcie_event:301:(pid 0): Detected insufficient power on the PCIe slot (27W).
+3,6,8100000000,-;nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping further processing
+11,7,8200000000,-;mlx5_core 0000:0b:00.0: health compromised - reached miss count
+";
+
+#[test]
+fn kernel_log_reports_nic_and_peermem_lines_per_device_and_ignores_user_space() {
+    let clean = healthy("klog-ok");
+    let f = one(
+        &clean.check("kernel.log"),
+        Severity::Pass,
+        "no NIC or GPUDirect error among 0 kernel records (empty)",
+    );
+    assert_eq!(f.evidence[0].source, "/dev/kmsg");
+
+    let node = healthy("klog");
+    node.write("dev/kmsg", KMSG);
+    let findings = node.check("kernel.log");
+    assert_eq!(
+        findings.len(),
+        3,
+        "{:#?}",
+        findings.iter().map(Finding::line).collect::<Vec<_>>()
+    );
+    // Both timeouts (the first names ACCESS_REG too: first sign wins) on the used device.
+    has(
+        &findings,
+        Severity::Fail,
+        "mlx5_0",
+        "the NIC's firmware stopped answering a command: 2 time(s) in the log, last at 7260.5 s after boot: \"mlx5_core 0000:0b:00.0: wait_func:1162:(pid 812): QUERY_VPORT_COUNTER(0x770) timeout.",
+    );
+    has(
+        &findings,
+        Severity::Warn,
+        "0000:3b:00.0",
+        "the NIC reports too little power from its PCIe slot (a PCI function NCCL does not use here): 1 time(s) in the log",
+    );
+    has(
+        &findings,
+        Severity::Warn,
+        "node",
+        "nvidia-peermem saw GPU memory released while the NIC still had it registered",
+    );
+    let timeout = findings
+        .iter()
+        .find(|f| f.severity == Severity::Fail)
+        .unwrap();
+    assert!(timeout.fix.as_deref().unwrap().contains("reboot the node"));
+    assert_eq!(timeout.evidence[0].source, "/dev/kmsg record 4");
+    // The user-space "health compromised" line is not the kernel's word.
+    assert!(findings.iter().all(|f| !f.line().contains("compromised")));
+
+    // Only user-space lines: a pass that says it left them alone. A record cut at the end of the
+    // file (a read that stopped mid-line) is not taken.
+    let user = healthy("klog-user");
+    user.write(
+        "dev/kmsg",
+        "6,1,0,-;Linux version 6.1.0\n12,2,5,-;health compromised (typed by hand)\n3,3,9,-;mlx5_core health comp",
+    );
+    one(
+        &user.check("kernel.log"),
+        Severity::Pass,
+        "no NIC or GPUDirect error among 1 kernel records (from 0.0 s after boot); 1 record(s) written from user space not judged",
+    );
+
+    let container = healthy("klog-none");
+    fs::remove_file(container.root.join("dev/kmsg")).unwrap();
+    let f = one(
+        &container.check("kernel.log"),
+        Severity::Unknown,
+        "no /dev/kmsg (containers usually have none: run the doctor on the host)",
+    );
+    assert_eq!(f.fix.as_deref(), Some("run the doctor as root on the host"));
 }
 
 #[test]

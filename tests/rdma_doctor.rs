@@ -94,6 +94,20 @@ fn doctor(args: &[&str], env: &[(&str, &str)]) -> Run {
     doctor_with(&[], args, env)
 }
 
+/// `--json` as uid 65534 (root opens any file and reads any log).
+fn doctor_as_nobody() -> Run {
+    doctor_with(
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ],
+        &["--json"],
+        &[],
+    )
+}
+
 fn assert_valid(doc: &Value) {
     let schema = doctor_schema();
     let validator = jsonschema::validator_for(&schema).unwrap();
@@ -230,17 +244,7 @@ fn unopenable_uverbs_fails_for_that_device() {
         .unwrap();
     sh(&format!("chmod 000 /dev/infiniband/{node}"));
     let _undo = Undo("chmod 666 /dev/infiniband/uverbs*");
-    // As nobody: root opens any mode.
-    let run = doctor_with(
-        &[
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-        ],
-        &["--json"],
-        &[],
-    );
+    let run = doctor_as_nobody();
     assert_eq!(run.code, 1, "{}", run.stdout);
     run.has(
         "FAIL",
@@ -250,6 +254,56 @@ fn unopenable_uverbs_fails_for_that_device() {
     );
     run.has("PASS", "dev.nodes", "rxe0", "opens read-write");
     run.has("FAIL", "verbs.provider", "rxe1", "ibv_open_device failed");
+}
+
+/// `N` and `K` of the kernel.log pass line: "... among N kernel records (...); K record(s)
+/// written from user space not judged" (K absent: 0).
+fn kernel_log_counts(run: &Run) -> (u64, u64) {
+    let findings = run.findings("kernel.log");
+    assert_eq!(findings.len(), 1, "{}", run.stdout);
+    assert_eq!(findings[0]["severity"], "PASS", "{}", run.stdout);
+    let what = findings[0]["what"].as_str().unwrap();
+    let number_after = |marker: &str| -> Option<u64> {
+        let (_, rest) = what.split_once(marker)?;
+        rest.split_whitespace().next()?.parse().ok()
+    };
+    let user = what
+        .split_once("; ")
+        .and_then(|(_, tail)| tail.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    (number_after("among ").unwrap(), user)
+}
+
+#[test]
+fn kernel_log_reads_the_kernel_ring_and_leaves_lines_from_user_space_alone() {
+    let _vm = in_vm();
+    let (kernel, user) = kernel_log_counts(&doctor(&["--json"], &[]));
+    // The boot alone logs hundreds of records; one per read(2) of /dev/kmsg, to EAGAIN.
+    assert!(kernel > 50, "only {kernel} kernel records read");
+    // Anyone may write into the log: a line that mimics a dying NIC, written from user space
+    // (the kernel gives it the user facility whatever its prefix), is counted, not judged.
+    sh(
+        "echo '<3>mlx5_core 0000:0b:00.0: health compromised - reached miss count (staged by rdma_doctor)' > /dev/kmsg",
+    );
+    let (kernel_after, user_after) = kernel_log_counts(&doctor(&["--json"], &[]));
+    assert!(kernel_after >= kernel, "{kernel_after} < {kernel}");
+    assert!(
+        user_after > user,
+        "user-space records {user} -> {user_after}"
+    );
+
+    // Without root and with the log restricted, the check cannot see it: UNKNOWN, never a pass.
+    let restricted = std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict").unwrap();
+    let _undo =
+        (restricted.trim() == "0").then(|| Undo("echo 0 > /proc/sys/kernel/dmesg_restrict"));
+    sh("echo 1 > /proc/sys/kernel/dmesg_restrict");
+    let run = doctor_as_nobody();
+    run.has(
+        "UNKNOWN",
+        "kernel.log",
+        "node",
+        "reading the kernel log needs root (or CAP_SYSLOG with kernel.dmesg_restrict=1)",
+    );
 }
 
 #[test]

@@ -4,14 +4,14 @@
 
 use std::collections::BTreeMap;
 
-use super::facts::{NodeFacts, Origin, candidate_devices};
+use super::facts::{KernelRecord, NodeFacts, Origin, candidate_devices};
 use super::finding::{Finding, Severity};
 use super::pcie::{PcieLink, relaxed_ordering_enabled};
 use super::rows::{hca_port, pcie_function_dir, port_netdev};
 use crate::core::config::AddrFamily;
 use crate::topology::{
-    DmaBuf, GidEntry, GidPolicy, HcaFilter, HcaPort, LinkLayer, NetDevice, PORT_ACTIVE, PeerMem,
-    choose_gid, dmabuf_both_sides, mtu_bytes, phys_state_name, pkey_at, port_state_name,
+    DmaBuf, GidEntry, GidPolicy, HcaFilter, HcaPort, LinkLayer, NetDevice, PORT_ACTIVE, PciAddress,
+    PeerMem, choose_gid, dmabuf_both_sides, mtu_bytes, phys_state_name, pkey_at, port_state_name,
 };
 
 /// Every node check: id and what it looks at, in report order (README lists them).
@@ -77,6 +77,10 @@ pub const CHECKS: &[(&str, &str)] = &[
         "the same firmware on every used device",
     ),
     (
+        "kernel.log",
+        "the kernel's log (what its ring still holds): NIC firmware timeouts and health, power, temperature, peer-memory errors",
+    ),
+    (
         "env.config",
         "every variable the plugin reads: value, origin, and the plugin's parse",
     ),
@@ -88,7 +92,7 @@ pub const CHECKS: &[(&str, &str)] = &[
 
 /// Run every node check.
 pub fn node_checks(facts: &NodeFacts) -> Vec<Finding> {
-    let checks: [fn(&NodeFacts) -> Vec<Finding>; 17] = [
+    let checks: [fn(&NodeFacts) -> Vec<Finding>; 18] = [
         verbs_provider,
         dev_nodes,
         memlock,
@@ -104,6 +108,7 @@ pub fn node_checks(facts: &NodeFacts) -> Vec<Finding> {
         topo_numa,
         iommu,
         firmware,
+        kernel_log,
         env_config,
         plugin_devices,
     ];
@@ -1287,6 +1292,161 @@ fn firmware(facts: &NodeFacts) -> Vec<Finding> {
             v.clone().unwrap_or_default(),
         )
     })]
+}
+
+/// A kind of kernel line that says something is wrong with a NIC or with GPUDirect: every
+/// needle (lower case) in the line, what it means, and what to do.
+struct KernelSign {
+    needles: &'static [&'static str],
+    severity: Severity,
+    what: &'static str,
+    fix: &'static str,
+}
+
+/// The lines node-health tools key on (doctor.md: gpud's kmsg matcher, NVSentinel's NIC
+/// monitor), first match wins: a timed-out `ACCESS_REG` is a firmware timeout.
+const KERNEL_SIGNS: &[KernelSign] = &[
+    KernelSign {
+        needles: &["will cause a leak of a command resource"],
+        severity: Severity::Fail,
+        what: "the NIC's firmware stopped answering a command",
+        fix: "reboot the node; if it happens again, update the NIC firmware or replace the NIC",
+    },
+    KernelSign {
+        needles: &["health compromised"],
+        severity: Severity::Fail,
+        what: "the NIC's firmware health monitor declared it compromised",
+        fix: "reboot the node (the NIC needs a reset); if it happens again, replace the NIC",
+    },
+    KernelSign {
+        needles: &["insufficient power"],
+        severity: Severity::Warn,
+        what: "the NIC reports too little power from its PCIe slot",
+        fix: "move the NIC to a slot that supplies its rated power, or check the riser and the power supply",
+    },
+    KernelSign {
+        needles: &["high temperature"],
+        severity: Severity::Warn,
+        what: "the NIC or its cable module reports a high temperature",
+        fix: "check the airflow and fans around the NIC and its transceivers",
+    },
+    KernelSign {
+        needles: &["access_reg", "failed"],
+        severity: Severity::Warn,
+        what: "the NIC's firmware refused a register access",
+        fix: "harmless alone on restricted functions (VFs, restricted PFs); with other NIC errors, update the firmware",
+    },
+    KernelSign {
+        needles: &["nvidia-peermem", "invalid context"],
+        severity: Severity::Warn,
+        what: "nvidia-peermem saw GPU memory released while the NIC still had it registered",
+        fix: "usually a job killed during GPUDirect transfers; if it repeats while jobs run, update the NVIDIA driver and nvidia-peermem together, or use DMA-BUF",
+    },
+];
+
+/// What a kernel line is about: a used device whose PCI function (or its PF) or netdev it
+/// names, else a PCI function it names (`false`: not one NCCL uses here), else the node.
+fn kernel_line_entity(facts: &NodeFacts, text: &str) -> (String, bool) {
+    let mut named_pci = None;
+    for word in text.split_whitespace().map(|w| w.trim_end_matches(':')) {
+        let address = word.parse::<PciAddress>().ok();
+        let used = used_ports(facts).into_iter().find(|(m, _)| {
+            m.pci.as_ref().is_some_and(|pci| {
+                address.is_some_and(|a| a == pci.address || Some(a) == pci.physfn)
+                    || pci.netdevs.iter().any(|n| n == word)
+            })
+        });
+        if let Some((m, _)) = used {
+            return (m.device.clone(), true);
+        }
+        named_pci = named_pci.or(address);
+    }
+    match named_pci {
+        Some(a) => (a.to_string(), false),
+        None => ("node".to_owned(), true),
+    }
+}
+
+fn kernel_log(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "kernel.log";
+    let log = &facts.kernel_log;
+    let records = match &log.records {
+        Ok(records) => records,
+        Err(why) => {
+            return vec![
+                Finding::new(Severity::Unknown, CHECK, "node", why.clone())
+                    .fix("run the doctor as root on the host")
+                    .evidence("/dev/kmsg", why.clone()),
+            ];
+        }
+    };
+    // (sign, entity) -> (times, whether NCCL uses the entity, the latest such record)
+    let mut seen: BTreeMap<(usize, String), (usize, bool, &KernelRecord)> = BTreeMap::new();
+    for record in records {
+        let lower = record.text.to_lowercase();
+        let Some(sign) = KERNEL_SIGNS
+            .iter()
+            .position(|s| s.needles.iter().all(|n| lower.contains(n)))
+        else {
+            continue;
+        };
+        let (entity, used) = kernel_line_entity(facts, &record.text);
+        let entry = seen.entry((sign, entity)).or_insert((0, used, record));
+        entry.0 += 1;
+        entry.2 = record;
+    }
+    let user_note = match log.from_user_space {
+        0 => String::new(),
+        n => format!("; {n} record(s) written from user space not judged"),
+    };
+    if seen.is_empty() {
+        let since = records.first().map_or_else(
+            || "empty".to_owned(),
+            |r| format!("from {:.1} s after boot", r.micros as f64 / 1e6),
+        );
+        return vec![
+            Finding::new(
+                Severity::Pass,
+                CHECK,
+                "node",
+                format!(
+                    "no NIC or GPUDirect error among {} kernel records ({since}){user_note}",
+                    records.len()
+                ),
+            )
+            .evidence(
+                "/dev/kmsg",
+                format!(
+                    "{} kernel records, {} lost while reading",
+                    records.len(),
+                    log.lost
+                ),
+            ),
+        ];
+    }
+    seen.into_iter()
+        .map(|((sign, entity), (times, used, last))| {
+            let sign = &KERNEL_SIGNS[sign];
+            let elsewhere = if used {
+                ""
+            } else {
+                " (a PCI function NCCL does not use here)"
+            };
+            let shown: String = last.text.chars().take(200).collect();
+            Finding::new(
+                sign.severity,
+                CHECK,
+                entity,
+                format!(
+                    "{}{elsewhere}: {times} time(s) in the log, last at {:.1} s after boot: \"{shown}\"",
+                    sign.what,
+                    last.micros as f64 / 1e6
+                ),
+            )
+            .fix(sign.fix)
+            .evidence(format!("/dev/kmsg record {}", last.seq), last.text.clone())
+        })
+        .collect()
 }
 
 fn env_config(facts: &NodeFacts) -> Vec<Finding> {

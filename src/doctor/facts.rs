@@ -4,6 +4,8 @@
 //! container or a VM. Files are read under [`Roots`], so tests use fixture trees.
 
 use std::ffi::OsString;
+use std::io::{ErrorKind, Read};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::core::config::{Config, KNOBS};
@@ -291,6 +293,121 @@ pub struct DevNode {
     pub open: Result<(), (i32, String)>,
 }
 
+/// One record of the kernel's log ring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelRecord {
+    /// The ring's sequence number.
+    pub seq: u64,
+    /// Microseconds since boot.
+    pub micros: u64,
+    /// The message, as `/dev/kmsg` escapes it.
+    pub text: String,
+}
+
+/// The kernel's log ring as `/dev/kmsg` hands it out: what the kernel itself said since boot
+/// (or since the oldest record the ring still holds).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelLog {
+    /// The kernel's own records (facility 0), oldest first; `Err`: why none could be read.
+    pub records: Result<Vec<KernelRecord>, String>,
+    /// Records written into the log from user space (any other facility: `echo > /dev/kmsg`,
+    /// init systems): counted, never judged, as anyone may write them.
+    pub from_user_space: usize,
+    /// Records the kernel overwrote while they were being read (`EPIPE`).
+    pub lost: usize,
+}
+
+impl KernelLog {
+    /// Records kept at most; a ring holds a few thousand.
+    const MAX_RECORDS: usize = 200_000;
+
+    /// Read `/dev/kmsg` under `roots` to its end without waiting: one record per `read` on the
+    /// device (a fixture's regular file gives many per read, split at newlines alike).
+    pub fn read(roots: &Roots) -> Self {
+        let mut log = Self {
+            records: Ok(Vec::new()),
+            from_user_space: 0,
+            lost: 0,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(roots.at("/dev/kmsg"));
+        let mut file = match file {
+            Ok(f) => f,
+            Err(e) => {
+                log.records = Err(Self::unreadable(&e));
+                return log;
+            }
+        };
+        let mut records = Vec::new();
+        let mut buf = vec![0u8; 16 << 10];
+        let mut partial = Vec::new();
+        while records.len() < Self::MAX_RECORDS {
+            match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => partial.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
+                    log.lost += 1;
+                    continue;
+                }
+                Err(e) => {
+                    log.records = Err(Self::unreadable(&e));
+                    return log;
+                }
+            }
+            let complete = partial
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| i + 1);
+            for line in String::from_utf8_lossy(&partial[..complete]).lines() {
+                // Continuation lines (` SUBSYSTEM=...`) carry a record's dictionary.
+                if line.starts_with(' ') || line.is_empty() {
+                    continue;
+                }
+                match parse_kmsg(line) {
+                    Some((0, record)) => records.push(record),
+                    Some(_) => log.from_user_space += 1,
+                    None => {}
+                }
+            }
+            partial.drain(..complete);
+        }
+        log.records = Ok(records);
+        log
+    }
+
+    fn unreadable(e: &std::io::Error) -> String {
+        match e.raw_os_error() {
+            Some(libc::ENOENT) => {
+                "no /dev/kmsg (containers usually have none: run the doctor on the host)".to_owned()
+            }
+            Some(libc::EPERM | libc::EACCES) => format!(
+                "/dev/kmsg: {e}: reading the kernel log needs root (or CAP_SYSLOG with \
+                 kernel.dmesg_restrict=1)"
+            ),
+            _ => format!("/dev/kmsg: {e}"),
+        }
+    }
+}
+
+/// `PRI,SEQ,MICROS,FLAGS[,...];TEXT` (a `/dev/kmsg` record) as its facility and the record.
+fn parse_kmsg(line: &str) -> Option<(u32, KernelRecord)> {
+    let (head, text) = line.split_once(';')?;
+    let mut fields = head.split(',');
+    let priority: u32 = fields.next()?.parse().ok()?;
+    let seq = fields.next()?.parse().ok()?;
+    let micros = fields.next()?.parse().ok()?;
+    let record = KernelRecord {
+        seq,
+        micros,
+        text: text.to_owned(),
+    };
+    Some((priority >> 3, record))
+}
+
 /// Where the doctor runs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunContext {
@@ -352,6 +469,8 @@ pub struct NodeFacts {
     pub dev_nodes: Vec<DevNode>,
     /// Container or VM.
     pub context: RunContext,
+    /// The kernel's log.
+    pub kernel_log: KernelLog,
 }
 
 impl NodeFacts {
@@ -399,6 +518,7 @@ impl NodeFacts {
         let context = RunContext::detect(&roots, gpu.hypervisor.clone());
         Self {
             memlock: Memlock::read(&roots),
+            kernel_log: KernelLog::read(&roots),
             roots,
             effective,
             config,
