@@ -35,37 +35,41 @@ pub(super) fn entry(op: &'static str, body: impl FnOnce() -> Result<()>) -> nccl
 
 /// Catch panics, map errors once, log once: every entry point, `irecv` without posting what is
 /// held first (its comm's answers may join the one it writes). Inlined into each C function,
-/// whose body it is.
+/// whose body it is; the failures move into their out-of-line reports, so it calls no drop glue.
 #[inline(always)]
 fn guarded(op: &'static str, body: impl FnOnce() -> Result<()>) -> ncclResult_t {
-    let outcome = catch_unwind(AssertUnwindSafe(|| log::scoped(body)));
-    if matches!(outcome, Ok(Ok(()))) {
-        // Holds nothing to drop: forgotten, so that the success path calls no drop glue.
-        std::mem::forget(outcome);
-        return ncclSuccess;
+    match catch_unwind(AssertUnwindSafe(|| log::scoped(body))) {
+        Ok(Ok(())) => ncclSuccess,
+        Ok(Err(e)) => failed(op, e),
+        Err(payload) => panicked(op, payload),
     }
-    report(op, outcome)
 }
 
-/// The code and log line of an entry point that failed or panicked. Out of line: `test` runs
+/// The code and WARN line of an entry point that returned an error. Out of line: `test` runs
 /// through `entry` on every poll, and the success path should carry none of this.
 #[cold]
 #[inline(never)]
-fn report(op: &'static str, outcome: std::thread::Result<Result<()>>) -> ncclResult_t {
-    let code = match &outcome {
-        Ok(Ok(())) => return ncclSuccess,
-        Ok(Err(e)) => to_nccl(e.kind()),
-        Err(_) => ncclInternalError,
-    };
-    // Logging must not unwind into C either; if it panics the line is lost, the code is not.
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        log::scoped(|| match &outcome {
-            Ok(Err(e)) => tracing::warn!("{op} failed: {e}"),
-            Err(payload) => tracing::error!("panic in {op}: {}", panic_message(payload.as_ref())),
-            Ok(Ok(())) => {}
-        })
-    }));
-    code
+fn failed(op: &'static str, e: Error) -> ncclResult_t {
+    log_unwinding_nothing(|| tracing::warn!("{op} failed: {e}"));
+    to_nccl(e.kind())
+}
+
+/// The code and ERROR line of an entry point that panicked.
+#[cold]
+#[inline(never)]
+fn panicked(op: &'static str, payload: Box<dyn Any + Send>) -> ncclResult_t {
+    // Moved in: dropping a payload may panic too, and that must be caught as well.
+    log_unwinding_nothing(move || {
+        tracing::error!("panic in {op}: {}", panic_message(payload.as_ref()));
+        drop(payload);
+    });
+    ncclInternalError
+}
+
+/// Log through the plugin's dispatcher; logging must not unwind into C either: if it panics
+/// the line is lost, the code is not.
+fn log_unwinding_nothing(line: impl FnOnce()) {
+    let _ = catch_unwind(AssertUnwindSafe(|| log::scoped(line)));
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> &str {
@@ -644,6 +648,20 @@ mod tests {
         assert_eq!(entry("test-op", || panic!("boom")), ncclInternalError);
         assert_eq!(
             entry("test-op", || std::panic::panic_any(7_u32)),
+            ncclInternalError
+        );
+    }
+
+    #[test]
+    fn a_panic_whose_payload_panics_when_dropped_stays_on_this_side() {
+        struct PanicsWhenDropped;
+        impl Drop for PanicsWhenDropped {
+            fn drop(&mut self) {
+                panic!("dropping the payload");
+            }
+        }
+        assert_eq!(
+            entry("test-op", || std::panic::panic_any(PanicsWhenDropped)),
             ncclInternalError
         );
     }
