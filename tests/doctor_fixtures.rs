@@ -139,6 +139,21 @@ impl Node {
         dir
     }
 
+    /// An NVIDIA GPU (3D controller) at `dir` (under the root), with its NUMA node, listed in
+    /// `/sys/bus/pci/devices` as `bdf`.
+    fn gpu(&self, dir: &str, bdf: &str, numa: i32) -> &Self {
+        let function = self.root.join(dir);
+        fs::create_dir_all(&function).unwrap();
+        for (f, v) in [("vendor", "0x10de"), ("class", "0x030200")] {
+            fs::write(function.join(f), format!("{v}\n")).unwrap();
+        }
+        fs::write(function.join("numa_node"), format!("{numa}\n")).unwrap();
+        let listed = self.root.join("sys/bus/pci/devices");
+        fs::create_dir_all(&listed).unwrap();
+        symlink(&function, listed.join(bdf)).unwrap();
+        self
+    }
+
     /// An RDMA device `name` with one port, on the PCI function `bdf` (None: software device).
     fn nic(&mut self, name: &str, bdf: Option<&str>, port: &Port) -> &mut Self {
         let dev = self.root.join("sys/class/infiniband").join(name);
@@ -1058,6 +1073,98 @@ fn pcie_link_against_max_and_port_rate() {
     );
 }
 
+/// 4 KiB of a switch port's configuration space (what root reads) whose only extended
+/// capability is ACS with `control`.
+fn port_config(control: u16) -> Vec<u8> {
+    let mut c = vec![0u8; 4096];
+    c[0x100..0x104].copy_from_slice(&(0x000d_u32 | (1 << 16)).to_le_bytes());
+    c[0x104..0x106].copy_from_slice(&0x005f_u16.to_le_bytes());
+    c[0x106..0x108].copy_from_slice(&control.to_le_bytes());
+    c
+}
+
+/// A node whose NIC (mlx5_0) and GPU sit on downstream ports 0000:02:08.0 and 0000:02:10.0 of
+/// one PCIe switch (upstream port 0000:01:00.0) under root port 0000:00:02.0, with these ACS
+/// Control values on the two downstream ports.
+fn switched(name: &str, nic_port: &[u8], gpu_port: &[u8]) -> Node {
+    let mut node = Node::new(name);
+    let switch = "0000:01:00.0";
+    node.nic(
+        "mlx5_0",
+        Some(&format!("{switch}/0000:02:08.0/0000:03:00.0")),
+        &Port::default(),
+    );
+    node.gpu(
+        &format!("{PCI}/{switch}/0000:02:10.0/0000:04:00.0"),
+        "0000:04:00.0",
+        0,
+    );
+    let ports = node.root.join(PCI).join(switch);
+    fs::write(ports.join("0000:02:08.0/config"), nic_port).unwrap();
+    fs::write(ports.join("0000:02:10.0/config"), gpu_port).unwrap();
+    node
+}
+
+#[test]
+fn acs_redirection_between_a_nic_and_a_gpu_under_one_switch() {
+    one(
+        &healthy("acs-nogpu").check("pcie.acs"),
+        Severity::Skip,
+        "mlx5_0: no NVIDIA GPU on the PCI bus: no GPUDirect path to judge",
+    );
+
+    let clean = switched("acs-off", &port_config(0x0000), &port_config(0x0001));
+    let f = one(
+        &clean.check("pcie.acs"),
+        Severity::Pass,
+        "mlx5_0: no switch port between it and GPUs 0000:04:00.0 redirects peer-to-peer traffic",
+    );
+    assert_eq!(f.evidence.len(), 2, "{f:#?}");
+    assert!(
+        f.evidence[0]
+            .source
+            .ends_with("0000:02:08.0/config ACS Control")
+    );
+    assert_eq!(f.evidence[0].value, "0x0000");
+
+    let redirected = switched("acs-on", &port_config(0x001d), &port_config(0x0000));
+    let f = one(
+        &redirected.check("pcie.acs"),
+        Severity::Fail,
+        "redirect peer-to-peer traffic up to the root complex: 0000:02:08.0 (RequestRedirect+CompletionRedirect+UpstreamForwarding)",
+    );
+    assert!(f.fix.unwrap().contains("setpci -s <port> ECAP_ACS+6.w=0"));
+
+    let mut guest = switched("acs-vm", &port_config(0x0000), &port_config(0x000c));
+    guest.hypervisor = Some("KVM".into());
+    one(
+        &guest.check("pcie.acs"),
+        Severity::Info,
+        "0000:02:10.0 (RequestRedirect+CompletionRedirect); expected in a VM",
+    );
+
+    // As another user sysfs gives 64 bytes: no extended capability can be seen.
+    let user = switched("acs-user", &[0; 64], &[0; 64]);
+    one(
+        &user.check("pcie.acs"),
+        Severity::Unknown,
+        "0000:02:08.0: only 64 bytes of configuration space readable (needs root)",
+    );
+
+    // A GPU under another root port: its traffic crosses the root complex anyway.
+    let apart = healthy("acs-apart");
+    apart.gpu(
+        "sys/devices/pci0000:40/0000:40:01.0/0000:41:00.0",
+        "0000:41:00.0",
+        1,
+    );
+    one(
+        &apart.check("pcie.acs"),
+        Severity::Pass,
+        "no GPU under the same PCIe switch",
+    );
+}
+
 #[test]
 fn numa_locality_of_nics_and_gpus() {
     let node = healthy("numa-ok");
@@ -1067,15 +1174,11 @@ fn numa_locality_of_nics_and_gpus() {
         "mlx5_0 node 0; no NVIDIA GPU on the PCI bus",
     );
 
-    let gpu = node.root.join("sys/bus/pci/devices/0000:41:00.0");
-    fs::create_dir_all(&gpu).unwrap();
-    for (f, v) in [
-        ("vendor", "0x10de"),
-        ("class", "0x030200"),
-        ("numa_node", "1"),
-    ] {
-        fs::write(gpu.join(f), format!("{v}\n")).unwrap();
-    }
+    node.gpu(
+        "sys/devices/pci0000:40/0000:40:01.0/0000:41:00.0",
+        "0000:41:00.0",
+        1,
+    );
     let f = one(
         &node.check("topo.numa"),
         Severity::Warn,
@@ -1396,6 +1499,7 @@ fn software_only_node_is_never_called_a_pass_where_nothing_was_measured() {
     let findings = node_checks(&node.facts());
     for id in [
         "pcie.link",
+        "pcie.acs",
         "iommu",
         "versions.firmware",
         "topo.numa",

@@ -3,10 +3,11 @@
 //! tested on fixture trees.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use super::facts::{KernelRecord, NodeFacts, Origin, candidate_devices};
 use super::finding::{Finding, Severity};
-use super::pcie::{PcieLink, relaxed_ordering_enabled};
+use super::pcie::{PcieLink, acs_control, acs_redirects, relaxed_ordering_enabled};
 use super::rows::{hca_port, pcie_function_dir, port_netdev};
 use crate::core::config::AddrFamily;
 use crate::topology::{
@@ -65,6 +66,10 @@ pub const CHECKS: &[(&str, &str)] = &[
         "the NIC's trained PCIe link against its maximum and the port rate",
     ),
     (
+        "pcie.acs",
+        "ACS peer-to-peer redirection on the PCIe switch ports between each NIC and the GPUs under its switch",
+    ),
+    (
         "topo.numa",
         "NUMA node of each NIC, and GPUs without a NIC on their node",
     ),
@@ -92,7 +97,7 @@ pub const CHECKS: &[(&str, &str)] = &[
 
 /// Run every node check.
 pub fn node_checks(facts: &NodeFacts) -> Vec<Finding> {
-    let checks: [fn(&NodeFacts) -> Vec<Finding>; 18] = [
+    let checks: [fn(&NodeFacts) -> Vec<Finding>; 19] = [
         verbs_provider,
         dev_nodes,
         memlock,
@@ -105,6 +110,7 @@ pub fn node_checks(facts: &NodeFacts) -> Vec<Finding> {
         gdr_dmabuf,
         relaxed_ordering,
         pcie_link,
+        pcie_acs,
         topo_numa,
         iommu,
         firmware,
@@ -157,6 +163,16 @@ fn used_ports(facts: &NodeFacts) -> Vec<(&NetDevice, Option<&HcaPort>)> {
         .flat_map(|d| &d.virt.members)
         .map(|m| (m, hca_port(facts, m)))
         .collect()
+}
+
+/// The SKIP of a port-level PCIe check for a device without a PCI function (Soft-RoCE).
+fn software_device(check: &'static str, m: &NetDevice) -> Finding {
+    Finding::new(
+        Severity::Skip,
+        check,
+        &m.name,
+        "no PCI function (software device)",
+    )
 }
 
 /// One SKIP when nothing was discovered, so port checks say why they have nothing to judge.
@@ -1031,7 +1047,7 @@ fn pcie_link(facts: &NodeFacts) -> Vec<Finding> {
         .into_iter()
         .map(|(m, _)| {
             let Some(dir) = pcie_function_dir(m) else {
-                return Finding::new(Severity::Skip, CHECK, &m.name, "no PCI function (software device)");
+                return software_device(CHECK, m);
             };
             let shown = super::facts::shown(&dir, &facts.roots);
             let (current, max) = (PcieLink::read(&dir, "current"), PcieLink::read(&dir, "max"));
@@ -1071,6 +1087,138 @@ fn pcie_link(facts: &NodeFacts) -> Vec<Finding> {
             };
             f.evidence(format!("{shown}/current_link_speed,_width"), current.describe())
                 .evidence(format!("{shown}/max_link_speed,_width"), max.describe())
+        })
+        .collect()
+}
+
+/// The PCI functions on the way from the host bridge (`pci0000:00`) down to `function`'s
+/// directory, root port first, `function` last.
+fn pci_chain(function: &Path) -> Vec<PathBuf> {
+    let mut chain: Vec<PathBuf> = function
+        .ancestors()
+        .take_while(|dir| {
+            dir.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.parse::<PciAddress>().is_ok())
+        })
+        .map(Path::to_path_buf)
+        .collect();
+    chain.reverse();
+    chain
+}
+
+/// The switch ports whose ACS controls decide a GPU's peer-to-peer path to a NIC: below their
+/// common ancestor, on either side. Empty when they share no switch (the path then crosses the
+/// root complex whatever ACS says).
+fn p2p_ports(nic: &[PathBuf], gpu: &[PathBuf]) -> Vec<PathBuf> {
+    let shared = nic.iter().zip(gpu).take_while(|(a, b)| a == b).count();
+    // Under different root ports: the path crosses the root complex.
+    if shared == 0 {
+        return Vec::new();
+    }
+    let below = |chain: &[PathBuf]| {
+        chain
+            .get(shared..chain.len().saturating_sub(1))
+            .unwrap_or_default()
+            .to_vec()
+    };
+    let mut ports = below(nic);
+    ports.extend(below(gpu));
+    ports
+}
+
+fn pcie_acs(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "pcie.acs";
+    if let Some(skip) = nothing_to_check(CHECK, facts) {
+        return skip;
+    }
+    let gpus: Vec<(String, Vec<PathBuf>)> = gpus(facts)
+        .into_iter()
+        .filter_map(|(bdf, _)| {
+            let dir = facts.roots.at(&format!("/sys/bus/pci/devices/{bdf}"));
+            Some((bdf, pci_chain(&dir.canonicalize().ok()?)))
+        })
+        .collect();
+    let in_vm = facts.context.vm.is_some();
+    used_ports(facts)
+        .into_iter()
+        .map(|(m, _)| {
+            let Some(dir) = m.pci_path.as_ref().filter(|_| m.pci.is_some()) else {
+                return software_device(CHECK, m);
+            };
+            let nic = pci_chain(dir);
+            let sharing: Vec<(&str, Vec<PathBuf>)> = gpus
+                .iter()
+                .map(|(bdf, chain)| (bdf.as_str(), p2p_ports(&nic, chain)))
+                .filter(|(_, ports)| !ports.is_empty())
+                .collect();
+            if gpus.is_empty() {
+                return Finding::new(Severity::Skip, CHECK, &m.name, "no NVIDIA GPU on the PCI bus: no GPUDirect path to judge");
+            }
+            if sharing.is_empty() {
+                return Finding::new(
+                    Severity::Pass,
+                    CHECK,
+                    &m.name,
+                    "no GPU under the same PCIe switch: GPUDirect traffic to it crosses the root complex, where ACS redirection changes nothing",
+                );
+            }
+            let mut evidence = Vec::new();
+            let mut redirecting = BTreeMap::new();
+            let mut unreadable = Vec::new();
+            for port in sharing.iter().flat_map(|(_, ports)| ports) {
+                let name = port.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let shown = super::facts::shown(port, &facts.roots);
+                match std::fs::read(port.join("config")).map_err(|e| e.to_string()).and_then(|c| acs_control(&c)) {
+                    Ok(control) => {
+                        let value = control.map_or("no ACS capability".to_owned(), |c| format!("{c:#06x}"));
+                        evidence.push((format!("{shown}/config ACS Control"), value));
+                        if let Some(bits) = control.map(acs_redirects).filter(|b| !b.is_empty()) {
+                            redirecting.insert(name, bits.join("+"));
+                        }
+                    }
+                    Err(why) => {
+                        evidence.push((format!("{shown}/config ACS Control"), why.clone()));
+                        unreadable.push(format!("{name}: {why}"));
+                    }
+                }
+            }
+            let gpu_list = sharing.iter().map(|(bdf, _)| *bdf).collect::<Vec<_>>().join(" ");
+            let f = if !redirecting.is_empty() {
+                let ports = redirecting.iter().map(|(p, bits)| format!("{p} ({bits})")).collect::<Vec<_>>().join(", ");
+                if in_vm {
+                    Finding::new(
+                        Severity::Info,
+                        CHECK,
+                        &m.name,
+                        format!("switch ports between it and GPUs {gpu_list} redirect peer-to-peer traffic: {ports}; expected in a VM (GPUDirect needs ATS and relaxed ordering there)"),
+                    )
+                } else {
+                    Finding::new(
+                        Severity::Fail,
+                        CHECK,
+                        &m.name,
+                        format!("switch ports between it and GPUs {gpu_list} redirect peer-to-peer traffic up to the root complex: {ports}; GPUDirect RDMA through them runs far below line rate or stalls"),
+                    )
+                    .fix("disable ACS on the PCIe switch ports in the BIOS (or for a test: `setpci -s <port> ECAP_ACS+6.w=0`, lost at reboot)")
+                }
+            } else if !unreadable.is_empty() {
+                Finding::new(
+                    Severity::Unknown,
+                    CHECK,
+                    &m.name,
+                    format!("ACS of the switch ports between it and GPUs {gpu_list} unreadable: {}", unreadable.join("; ")),
+                )
+                .fix("run the doctor as root")
+            } else {
+                Finding::new(
+                    Severity::Pass,
+                    CHECK,
+                    &m.name,
+                    format!("no switch port between it and GPUs {gpu_list} redirects peer-to-peer traffic"),
+                )
+            };
+            evidence.into_iter().fold(f, |f, (source, value)| f.evidence(source, value))
         })
         .collect()
 }
@@ -1207,7 +1355,7 @@ fn iommu(facts: &NodeFacts) -> Vec<Finding> {
         .into_iter()
         .map(|(m, _)| {
             let Some(dir) = m.pci_path.as_ref().filter(|_| m.pci.is_some()) else {
-                return Finding::new(Severity::Skip, CHECK, &m.name, "no PCI function (software device)");
+                return software_device(CHECK, m);
             };
             let shown = super::facts::shown(dir, &facts.roots);
             let kind = std::fs::read_to_string(dir.join("iommu_group/type")).ok();

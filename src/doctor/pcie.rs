@@ -1,5 +1,5 @@
-//! PCIe facts of a NIC function: the trained link against its maximum, and the Enable Relaxed
-//! Ordering bit of its Device Control register.
+//! PCIe facts of a NIC function: the trained link against its maximum, the Enable Relaxed
+//! Ordering bit of its Device Control register, and the ACS controls of the switch ports above it.
 
 use std::path::Path;
 
@@ -90,6 +90,60 @@ pub fn relaxed_ordering_enabled(config: &[u8]) -> Result<bool, String> {
     Err("no PCI Express capability".to_owned())
 }
 
+/// The ACS Control bits that send peer-to-peer traffic up to the root complex instead of
+/// across the switch: P2P Request Redirect, P2P Completion Redirect, Upstream Forwarding.
+const ACS_REDIRECTS: [(u16, &str); 3] = [
+    (1 << 2, "RequestRedirect"),
+    (1 << 3, "CompletionRedirect"),
+    (1 << 4, "UpstreamForwarding"),
+];
+
+/// The Control register of a port's Access Control Services extended capability (ID 0x000d),
+/// from its configuration space; `Ok(None)` when it has none. Extended capabilities start at
+/// 0x100, so a user other than root (64 bytes) or a conventional-PCI view (256) cannot tell.
+pub(super) fn acs_control(config: &[u8]) -> Result<Option<u16>, String> {
+    const EXTENDED: usize = 0x100;
+    const ACS: u32 = 0x000d;
+    const CONTROL: usize = 6;
+    if config.len() <= EXTENDED {
+        return Err(format!(
+            "only {} bytes of configuration space readable (needs root)",
+            config.len()
+        ));
+    }
+    let mut at = EXTENDED;
+    // Each extended capability takes at least 4 bytes of the 4 KiB: more is a loop.
+    for _ in 0..1024 {
+        let Some(header) = config.get(at..at + 4) else {
+            break;
+        };
+        let header = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+        if header == 0 || header == u32::MAX {
+            break;
+        }
+        if header & 0xffff == ACS {
+            return config
+                .get(at + CONTROL..at + CONTROL + 2)
+                .map(|c| Some(u16::from_le_bytes([c[0], c[1]])))
+                .ok_or_else(|| "ACS capability cut short".to_owned());
+        }
+        at = usize::try_from((header >> 20) & 0xffc).unwrap_or(0);
+        if at < EXTENDED {
+            break;
+        }
+    }
+    Ok(None)
+}
+
+/// The names of the redirecting bits set in an ACS Control value.
+pub(super) fn acs_redirects(control: u16) -> Vec<&'static str> {
+    ACS_REDIRECTS
+        .iter()
+        .filter(|(bit, _)| control & bit != 0)
+        .map(|(_, name)| *name)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +169,40 @@ mod tests {
         c[0x60] = 0x10; // PCI Express
         c[0x68..0x6a].copy_from_slice(&control.to_le_bytes());
         c
+    }
+
+    /// 4 KiB of configuration space with an AER capability at 0x100 and, after it, ACS at
+    /// 0x140 (capability register at 0x144, `control` at 0x146).
+    fn config_with_acs(control: u16) -> Vec<u8> {
+        let mut c = vec![0u8; 4096];
+        c[0x100..0x104].copy_from_slice(&(0x0001_u32 | (1 << 16) | (0x140 << 20)).to_le_bytes());
+        c[0x140..0x144].copy_from_slice(&(0x000d_u32 | (1 << 16)).to_le_bytes());
+        c[0x144..0x146].copy_from_slice(&0x005f_u16.to_le_bytes());
+        c[0x146..0x148].copy_from_slice(&control.to_le_bytes());
+        c
+    }
+
+    #[test]
+    fn acs_control_is_found_among_the_extended_capabilities() {
+        let on = config_with_acs(0x001d);
+        assert_eq!(acs_control(&on), Ok(Some(0x001d)));
+        assert_eq!(
+            acs_redirects(0x001d),
+            [
+                "RequestRedirect",
+                "CompletionRedirect",
+                "UpstreamForwarding"
+            ]
+        );
+        assert_eq!(acs_redirects(0x0001), Vec::<&str>::new());
+        let mut none = vec![0u8; 4096];
+        none[0x100..0x104].copy_from_slice(&0x0001_0001_u32.to_le_bytes());
+        assert_eq!(acs_control(&none), Ok(None));
+        assert!(acs_control(&[0; 64]).unwrap_err().contains("needs root"));
+        assert!(acs_control(&[0; 256]).unwrap_err().contains("256 bytes"));
+        let mut looped = vec![0u8; 4096];
+        looped[0x100..0x104].copy_from_slice(&(0x0001_u32 | (0x100 << 20)).to_le_bytes());
+        assert_eq!(acs_control(&looped), Ok(None));
     }
 
     #[test]
