@@ -1126,6 +1126,26 @@ fn acs_redirection_between_a_nic_and_a_gpu_under_one_switch() {
             .ends_with("0000:02:08.0/config ACS Control")
     );
     assert_eq!(f.evidence[0].value, "0x0000");
+    // A second GPU on another port of the switch: the NIC's port is read and shown once.
+    clean.gpu(
+        &format!("{PCI}/0000:01:00.0/0000:02:18.0/0000:05:00.0"),
+        "0000:05:00.0",
+        0,
+    );
+    fs::write(
+        clean
+            .root
+            .join(PCI)
+            .join("0000:01:00.0/0000:02:18.0/config"),
+        port_config(0x0000),
+    )
+    .unwrap();
+    let f = one(
+        &clean.check("pcie.acs"),
+        Severity::Pass,
+        "between it and GPUs 0000:04:00.0 0000:05:00.0 redirects",
+    );
+    assert_eq!(f.evidence.len(), 3, "{f:#?}");
 
     let redirected = switched("acs-on", &port_config(0x001d), &port_config(0x0000));
     let f = one(

@@ -2,7 +2,7 @@
 //! itself (the facts carry verbs' answers and the plugin's decisions), so every branch is
 //! tested on fixture trees.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::facts::{KernelRecord, NodeFacts, Origin, candidate_devices};
@@ -1166,7 +1166,9 @@ fn pcie_acs(facts: &NodeFacts) -> Vec<Finding> {
             let mut evidence = Vec::new();
             let mut redirecting = BTreeMap::new();
             let mut unreadable = Vec::new();
-            for port in sharing.iter().flat_map(|(_, ports)| ports) {
+            // The NIC's own ports lie on the way to every GPU of its switch: read each once.
+            let ports: BTreeSet<&PathBuf> = sharing.iter().flat_map(|(_, ports)| ports).collect();
+            for port in ports {
                 let name = port.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 let shown = super::facts::shown(port, &facts.roots);
                 match std::fs::read(port.join("config")).map_err(|e| e.to_string()).and_then(|c| acs_control(&c)) {
