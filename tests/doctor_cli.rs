@@ -6,6 +6,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
+mod support;
+
 fn doctor(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_nccl-net-doctor"))
         .args(args)
@@ -155,4 +157,118 @@ fn a_reader_that_goes_away_does_not_change_the_verdict() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// The doctor's `plugin.load` findings with `env` (and a HOME without a `.nccl.conf`).
+fn plugin_load(env: &[(&str, &std::ffi::OsStr)]) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_nccl-net-doctor"))
+        .arg("--json")
+        .env_remove("NCCL_NET_PLUGIN")
+        .env_remove("NCCL_NET")
+        .env_remove("LD_LIBRARY_PATH")
+        .env("HOME", "/nonexistent")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == "plugin.load")
+        .cloned()
+        .collect()
+}
+
+/// The real dynamic loader, called as NCCL 2.30 calls it (`src/plugin/plugin_open.cc`): the
+/// default name found through LD_LIBRARY_PATH, a bare entry found as `libnccl-net-<entry>.so`
+/// after the name itself is not found, and a library whose dependency is missing told apart
+/// from one that is absent.
+#[test]
+fn plugin_load_resolves_the_library_as_nccl_does() {
+    let plugin = support::plugin_path();
+    let dir = std::env::temp_dir().join(format!("doctor-load-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(&plugin, dir.join("libnccl-net.so")).unwrap();
+    std::os::unix::fs::symlink(&plugin, dir.join("libnccl-net-rsib.so")).unwrap();
+    let path = dir.as_os_str();
+
+    let found = plugin_load(&[("LD_LIBRARY_PATH", path)]);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0]["severity"], "PASS", "{found:#?}");
+    let what = found[0]["what"].as_str().unwrap();
+    assert!(
+        what.starts_with(&format!(
+            "NCCL_NET_PLUGIN unset: NCCL opens libnccl-net.so = {}/libnccl-net.so (RsIB, ncclNet v12, v11, v10, v9, v8)",
+            dir.display()
+        )),
+        "{what}"
+    );
+
+    let bare = plugin_load(&[
+        ("LD_LIBRARY_PATH", path),
+        ("NCCL_NET_PLUGIN", "rsib".as_ref()),
+    ]);
+    assert_eq!(bare[0]["severity"], "PASS", "{bare:#?}");
+    let evidence = bare[0]["evidence"].as_array().unwrap();
+    assert_eq!(evidence[0]["source"], "dlopen(rsib)");
+    assert!(
+        evidence[0]["value"]
+            .as_str()
+            .unwrap()
+            .contains("No such file or directory"),
+        "{bare:#?}"
+    );
+    assert_eq!(evidence[1]["source"], "dlopen(libnccl-net-rsib.so)");
+
+    let absent = plugin_load(&[]);
+    assert_eq!(absent[0]["severity"], "FAIL", "{absent:#?}");
+    assert!(
+        absent[0]["what"]
+            .as_str()
+            .unwrap()
+            .contains("libnccl-net.so not found on the library path"),
+        "{absent:#?}"
+    );
+
+    // A plugin whose dependency is gone: the loader names the dependency.
+    let cc = |args: &[&str]| {
+        let ok = Command::new("cc")
+            .args(args)
+            .current_dir(&dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "cc {args:?}");
+    };
+    std::fs::write(dir.join("empty.c"), "int rsib_doctor_test;\n").unwrap();
+    cc(&["-shared", "-fPIC", "-o", "libgone.so", "empty.c"]);
+    // --no-as-needed: the linker would otherwise drop a dependency nothing uses.
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-o",
+        "libbroken.so",
+        "empty.c",
+        "-L.",
+        "-Wl,--no-as-needed",
+        "-lgone",
+    ]);
+    std::fs::remove_file(dir.join("libgone.so")).unwrap();
+    let broken = plugin_load(&[("NCCL_NET_PLUGIN", dir.join("libbroken.so").as_os_str())]);
+    assert_eq!(broken[0]["severity"], "FAIL", "{broken:#?}");
+    let what = broken[0]["what"].as_str().unwrap();
+    assert!(
+        what.contains("libgone.so: cannot open shared object file"),
+        "{what}"
+    );
+    assert!(
+        broken[0]["fix"]
+            .as_str()
+            .unwrap()
+            .starts_with("install what the loader names as missing"),
+        "{broken:#?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

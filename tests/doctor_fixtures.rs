@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use nccl_net::core::error::Error;
 use nccl_net::doctor::{Finding, NodeFacts, Roots, Severity, node_checks};
+use nccl_net::driver::Exports;
 use nccl_net::plugin::GpuFacts;
 use nccl_net::topology::{GpuExport, HcaPort, LinkLayer, PeerMem, SysfsRoot};
 use nccl_net::verbs::Discovery;
@@ -51,6 +52,15 @@ impl Default for Port {
     }
 }
 
+/// A net plugin library at `path` named `name`, exporting v12 to v8.
+fn plugin(path: &str, name: &str) -> Exports {
+    Exports {
+        path: path.into(),
+        versions: vec![12, 11, 10, 9, 8],
+        name: Some(name.into()),
+    }
+}
+
 /// A node under a temporary root, removed on drop.
 struct Node {
     root: PathBuf,
@@ -64,6 +74,8 @@ struct Node {
     discovery_error: Option<i32>,
     open_problems: Vec<String>,
     hidden_from_verbs: bool,
+    /// The library names the loader finds, with what each exports; any other is not found.
+    libraries: Vec<(&'static str, Exports)>,
 }
 
 const PCI: &str = "sys/devices/pci0000:00/0000:00:02.0";
@@ -96,6 +108,7 @@ impl Node {
             discovery_error: None,
             open_problems: Vec::new(),
             hidden_from_verbs: false,
+            libraries: vec![("libnccl-net.so", plugin("/usr/lib/libnccl-net.so", "RsIB"))],
         };
         node.limits("unlimited", "unlimited", "0000000000000000")
     }
@@ -270,7 +283,24 @@ impl Node {
             reg_mr_iova2: true,
         };
         let dmabuf = self.dmabuf.clone();
-        NodeFacts::gather(roots, &env, discovery, gpu, &move |_| dmabuf.clone(), 32)
+        let open = |name: &str| -> Result<Exports, String> {
+            self.libraries
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, x)| x.clone())
+                .ok_or_else(|| {
+                    format!("{name}: cannot open shared object file: No such file or directory")
+                })
+        };
+        NodeFacts::gather(
+            roots,
+            &env,
+            discovery,
+            gpu,
+            &move |_| dmabuf.clone(),
+            &open,
+            32,
+        )
     }
 
     /// The findings of one check.
@@ -1362,6 +1392,158 @@ fn configuration_with_origins_as_nccl_builds_it() {
         Severity::Fail,
         "NCCL_IB_HCA",
         "NCCL_IB_HCA='mlx5_7' matches no active port",
+    );
+}
+
+#[test]
+fn plugin_load_follows_nccls_search_and_its_choice() {
+    // The default: libnccl-net.so on the library path is this plugin.
+    let mut node = healthy("load");
+    let pass = one(
+        &node.check("plugin.load"),
+        Severity::Pass,
+        "NCCL_NET_PLUGIN unset: NCCL opens libnccl-net.so = /usr/lib/libnccl-net.so (RsIB, ncclNet v12, v11, v10, v9, v8)",
+    );
+    assert_eq!(pass.evidence[0].source, "dlopen(libnccl-net.so)");
+
+    // Another plugin listed first (found as libnccl-net-ofi.so, NCCL's second try for a bare
+    // name) wins whenever its init finds a device: NCCL 2.30 assigns the first that starts.
+    node.libraries = vec![
+        (
+            "libnccl-net-ofi.so",
+            plugin("/opt/ofi/libnccl-net-ofi.so", "AWS Libfabric"),
+        ),
+        (
+            "libnccl-net-rsib.so",
+            plugin("/opt/rsib/libnccl-net-rsib.so", "RsIB"),
+        ),
+    ];
+    node.write("etc/nccl.conf", "NCCL_NET_PLUGIN=ofi,rsib\n");
+    let warn = one(
+        &node.check("plugin.load"),
+        Severity::Warn,
+        "NCCL_NET_PLUGIN=ofi,rsib (/etc/nccl.conf:1): NCCL opens libnccl-net-rsib.so = /opt/rsib/libnccl-net-rsib.so (RsIB, ncclNet v12, v11, v10, v9, v8); but NCCL_NET_PLUGIN lists libnccl-net-ofi.so (AWS Libfabric) before it",
+    );
+    assert!(
+        warn.fix.as_deref().unwrap().contains("NCCL_NET=RsIB"),
+        "{}",
+        warn.line()
+    );
+    let tried: Vec<&str> = warn.evidence.iter().map(|e| e.source.as_str()).collect();
+    assert_eq!(
+        tried,
+        [
+            "dlopen(ofi)",
+            "dlopen(libnccl-net-ofi.so)",
+            "dlopen(rsib)",
+            "dlopen(libnccl-net-rsib.so)"
+        ]
+    );
+    // NCCL_NET picks this one by name (case-insensitively, as NCCL compares).
+    node.env("NCCL_NET", "rsib");
+    one(
+        &node.check("plugin.load"),
+        Severity::Pass,
+        "which NCCL_NET selects",
+    );
+
+    // NCCL_NET naming another network: loaded, never used.
+    node.env("NCCL_NET", "IB");
+    let findings = node.check("plugin.load");
+    has(
+        &findings,
+        Severity::Fail,
+        "NCCL_NET",
+        "NCCL_NET=IB: NCCL uses only the network named 'IB', never this plugin (RsIB)",
+    );
+
+    // Only another plugin: NCCL uses it.
+    let mut other = healthy("load-other");
+    other.libraries = vec![(
+        "libnccl-net.so",
+        plugin("/usr/lib/libnccl-net.so", "IBext_v11"),
+    )];
+    let fail = one(
+        &other.check("plugin.load"),
+        Severity::Fail,
+        "NCCL_NET_PLUGIN unset: NCCL does not load this plugin: libnccl-net.so = /usr/lib/libnccl-net.so (IBext_v11, ncclNet v12, v11, v10, v9, v8): another plugin; NCCL uses IBext_v11 instead",
+    );
+    assert!(
+        fail.fix.as_deref().unwrap().contains("scripts/install.sh"),
+        "{}",
+        fail.line()
+    );
+
+    // Nothing on the path, and NCCL_IB_DISABLE: sockets.
+    let mut absent = healthy("load-absent");
+    absent.libraries.clear();
+    absent
+        .env("LD_LIBRARY_PATH", "/opt/none")
+        .env("NCCL_IB_DISABLE", "1");
+    let fail = one(
+        &absent.check("plugin.load"),
+        Severity::Fail,
+        "libnccl-net.so not found on the library path; NCCL falls back to sockets (NCCL_IB_DISABLE=1)",
+    );
+    assert!(
+        fail.evidence
+            .iter()
+            .any(|e| e.source == "LD_LIBRARY_PATH" && e.value == "/opt/none"),
+        "{}",
+        fail.line()
+    );
+    // With NCCL_NET naming this plugin, NCCL does not start at all.
+    absent.env("NCCL_NET", "RsIB");
+    one(
+        &absent.check("plugin.load"),
+        Severity::Fail,
+        "NCCL then fails to start (\"Failed to initialize any NET plugin\")",
+    );
+
+    // NCCL_IB_DISABLE does not turn this plugin off.
+    let mut disabled = healthy("load-ibdisable");
+    disabled.env("NCCL_IB_DISABLE", "1");
+    let findings = disabled.check("plugin.load");
+    has(
+        &findings,
+        Severity::Pass,
+        "plugin",
+        "NCCL opens libnccl-net.so",
+    );
+    has(
+        &findings,
+        Severity::Info,
+        "NCCL_IB_DISABLE",
+        "turns off NCCL's internal IB transport only",
+    );
+
+    // none; a library without tables; the application's own symbols.
+    let mut none = healthy("load-none");
+    none.env("NCCL_NET_PLUGIN", "none");
+    one(
+        &none.check("plugin.load"),
+        Severity::Fail,
+        "NCCL_NET_PLUGIN=none (environment): NCCL does not load this plugin: it opens no external plugin",
+    );
+    none.libraries = vec![(
+        "/usr/lib/libibverbs.so.1",
+        Exports {
+            path: "/usr/lib/libibverbs.so.1".into(),
+            versions: Vec::new(),
+            name: None,
+        },
+    )];
+    none.env("NCCL_NET_PLUGIN", "/usr/lib/libibverbs.so.1");
+    one(
+        &none.check("plugin.load"),
+        Severity::Fail,
+        "exports no ncclNetPlugin_v6 .. v12 (NCCL skips it as unsupported)",
+    );
+    none.env("NCCL_NET_PLUGIN", "STATIC_PLUGIN");
+    one(
+        &none.check("plugin.load"),
+        Severity::Unknown,
+        "cannot tell whether NCCL loads this plugin",
     );
 }
 

@@ -14,6 +14,8 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
+mod support;
+
 static VM_STATE: Mutex<()> = Mutex::new(());
 
 /// Run a shell command (staging a fault or undoing it); panics if it fails.
@@ -72,8 +74,10 @@ fn doctor_with(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Run {
         }
         None => Command::new(exe),
     };
+    // NCCL opens the plugin this run built (plugin.load), unless a test says otherwise.
     let out = cmd
         .args(args)
+        .env("NCCL_NET_PLUGIN", support::plugin_path())
         .envs(env.iter().copied())
         .env("HOME", "/nonexistent")
         .output()

@@ -5,11 +5,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::facts::{KernelRecord, NodeFacts, Origin, candidate_devices};
+use super::facts::{KernelRecord, NodeFacts, Opened, Origin, PluginEntry, candidate_devices};
 use super::finding::{Finding, Severity};
 use super::pcie::{PcieLink, acs_control, acs_redirects, relaxed_ordering_enabled};
 use super::rows::{hca_port, pcie_function_dir, port_netdev};
 use crate::core::config::AddrFamily;
+use crate::driver::Exports;
+use crate::plugin::PLUGIN_NAME;
 use crate::topology::{
     DmaBuf, GidEntry, GidPolicy, HcaFilter, HcaPort, LinkLayer, NetDevice, PORT_ACTIVE, PciAddress,
     PeerMem, choose_gid, dmabuf_both_sides, mtu_bytes, phys_state_name, pkey_at, port_state_name,
@@ -90,6 +92,10 @@ pub const CHECKS: &[(&str, &str)] = &[
         "every variable the plugin reads: value, origin, and the plugin's parse",
     ),
     (
+        "plugin.load",
+        "the library NCCL opens as its net plugin (NCCL_NET_PLUGIN, else libnccl-net.so), resolved as NCCL does, and whether NCCL_NET lets NCCL use it",
+    ),
+    (
         "plugin.devices",
         "the devices NCCL will get from the plugin, the ports left out and the fusions made",
     ),
@@ -97,7 +103,7 @@ pub const CHECKS: &[(&str, &str)] = &[
 
 /// Run every node check.
 pub fn node_checks(facts: &NodeFacts) -> Vec<Finding> {
-    let checks: [fn(&NodeFacts) -> Vec<Finding>; 19] = [
+    let checks: [fn(&NodeFacts) -> Vec<Finding>; 20] = [
         verbs_provider,
         dev_nodes,
         memlock,
@@ -116,6 +122,7 @@ pub fn node_checks(facts: &NodeFacts) -> Vec<Finding> {
         firmware,
         kernel_log,
         env_config,
+        plugin_load,
         plugin_devices,
     ];
     checks.iter().flat_map(|check| check(facts)).collect()
@@ -1675,6 +1682,218 @@ fn env_config(facts: &NodeFacts) -> Vec<Finding> {
         },
     );
     findings.push(info);
+    findings
+}
+
+/// `v12, v11, ...`: the ncclNet tables a library exports.
+fn versions(x: &Exports) -> String {
+    let listed: Vec<String> = x.versions.iter().map(|v| format!("v{v}")).collect();
+    listed.join(", ")
+}
+
+/// What an opened library is to NCCL, in the words of the evidence and the FAIL line.
+fn describe_opened(opened: &Opened) -> String {
+    match opened {
+        Opened::Loaded(x) if x.versions.is_empty() => format!(
+            "{} exports no ncclNetPlugin_v6 .. v12 (NCCL skips it as unsupported)",
+            x.path
+        ),
+        Opened::Loaded(x) => format!(
+            "{} ({}, ncclNet {})",
+            x.path,
+            x.name.as_deref().unwrap_or("no name"),
+            versions(x)
+        ),
+        Opened::NotFound(e) | Opened::Failed(e) => e.clone(),
+        Opened::InApplication => {
+            "STATIC_PLUGIN: looked up in the application itself, which the doctor cannot see".into()
+        }
+    }
+}
+
+/// Whether NCCL would find this plugin: the library it opens (`NCCL_NET_PLUGIN`'s entries in
+/// order, else `libnccl-net.so`, through the dynamic loader as NCCL calls it), and whether
+/// `NCCL_NET` lets NCCL use it. NCCL says none of this above its INFO level: a plugin that
+/// does not load leaves the job on NCCL's internal transport without a warning.
+fn plugin_load(facts: &NodeFacts) -> Vec<Finding> {
+    const CHECK: &str = "plugin.load";
+    let e = &facts.effective;
+    let net = e.value("NCCL_NET");
+    let net_is_ours = net.is_some_and(|n| n.eq_ignore_ascii_case(PLUGIN_NAME));
+    let asked = match e.nccl.iter().find(|s| s.name == "NCCL_NET_PLUGIN") {
+        Some(s) if s.value.is_some() => format!(
+            "NCCL_NET_PLUGIN={} ({})",
+            s.value.as_deref().unwrap_or(""),
+            s.origin
+        ),
+        _ => "NCCL_NET_PLUGIN unset".to_owned(),
+    };
+    let ib_disable = e
+        .value("NCCL_IB_DISABLE")
+        .filter(|v| v.trim().parse::<i64>().is_ok_and(|n| n != 0));
+    let is_ours = |x: &Exports| x.name.as_deref() == Some(PLUGIN_NAME) && !x.versions.is_empty();
+    let with_evidence = |f: Finding| {
+        facts
+            .plugin_route
+            .iter()
+            .flat_map(|entry| &entry.tried)
+            .fold(f, |f, (name, opened)| {
+                f.evidence(format!("dlopen({name})"), describe_opened(opened))
+            })
+    };
+    let mut findings = Vec::new();
+    if let Some(n) = net
+        && !net_is_ours
+    {
+        findings.push(
+            Finding::new(
+                Severity::Fail,
+                CHECK,
+                "NCCL_NET",
+                format!("NCCL_NET={n}: NCCL uses only the network named '{n}', never this plugin ({PLUGIN_NAME})"),
+            )
+            .fix(format!("unset NCCL_NET, or set NCCL_NET={PLUGIN_NAME}")),
+        );
+    }
+    let loaded = |entry: &PluginEntry| match entry.outcome() {
+        Some((name, Opened::Loaded(x))) => Some((name.clone(), x.clone())),
+        _ => None,
+    };
+    let selected = |x: &Exports| {
+        net.is_none_or(|n| x.name.as_deref().is_some_and(|m| m.eq_ignore_ascii_case(n)))
+    };
+    let mine = facts
+        .plugin_route
+        .iter()
+        .position(|entry| loaded(entry).is_some_and(|(_, x)| is_ours(&x)));
+    let Some(mine) = mine else {
+        let why = if facts.plugin_route.is_empty() {
+            "it opens no external plugin".to_owned()
+        } else {
+            let outcomes: Vec<String> = facts
+                .plugin_route
+                .iter()
+                .filter_map(|entry| {
+                    let (name, opened) = entry.outcome()?;
+                    Some(match opened {
+                        Opened::NotFound(_) if name.contains('/') => format!("{name} not found"),
+                        Opened::NotFound(_) => format!("{name} not found on the library path"),
+                        Opened::Loaded(x) if !x.versions.is_empty() => {
+                            format!("{name} = {}: another plugin", describe_opened(opened))
+                        }
+                        _ => format!("{name}: {}", describe_opened(opened)),
+                    })
+                })
+                .collect();
+            outcomes.join("; ")
+        };
+        let other = facts
+            .plugin_route
+            .iter()
+            .find_map(|entry| loaded(entry).filter(|(_, x)| !x.versions.is_empty() && selected(x)));
+        let then = if net_is_ours {
+            "with NCCL_NET selecting this plugin, NCCL then fails to start (\"Failed to initialize any NET plugin\")".to_owned()
+        } else if let Some((_, x)) = other {
+            format!(
+                "NCCL uses {} instead when its init finds a device",
+                x.name.as_deref().unwrap_or("that plugin")
+            )
+        } else if let Some(v) = ib_disable {
+            format!("NCCL falls back to sockets (NCCL_IB_DISABLE={v})")
+        } else {
+            "NCCL falls back to its internal IB transport, then to sockets".to_owned()
+        };
+        let outcome_is = |kind: fn(&Opened) -> bool| {
+            facts
+                .plugin_route
+                .iter()
+                .any(|entry| entry.outcome().is_some_and(|(_, o)| kind(o)))
+        };
+        // The application's own symbols may be this plugin: only NCCL's log can tell.
+        let severity = if outcome_is(|o| matches!(o, Opened::InApplication)) {
+            Severity::Unknown
+        } else {
+            Severity::Fail
+        };
+        let fix = if severity == Severity::Unknown {
+            format!(
+                "run the application with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET and look for \"Initialized NET plugin {PLUGIN_NAME}\""
+            )
+        } else if outcome_is(|o| matches!(o, Opened::Failed(_))) {
+            "install what the loader names as missing (or put its directory on LD_LIBRARY_PATH)"
+                .to_owned()
+        } else {
+            "install this plugin as libnccl-net.so in a directory on the library path (scripts/install.sh PREFIX puts it in PREFIX/lib), or set NCCL_NET_PLUGIN to the full path of its library".to_owned()
+        };
+        findings.push(
+            with_evidence(Finding::new(
+                severity,
+                CHECK,
+                "plugin",
+                match severity {
+                    Severity::Unknown => {
+                        format!("{asked}: cannot tell whether NCCL loads this plugin: {why}")
+                    }
+                    _ => format!("{asked}: NCCL does not load this plugin: {why}; {then}"),
+                },
+            ))
+            .fix(fix)
+            .evidence(
+                "LD_LIBRARY_PATH",
+                facts.library_path.as_deref().unwrap_or("unset"),
+            ),
+        );
+        return findings;
+    };
+    let Some((name, ours)) = loaded(&facts.plugin_route[mine]) else {
+        return findings;
+    };
+    let ahead: Vec<String> = facts.plugin_route[..mine]
+        .iter()
+        .filter_map(|entry| loaded(entry).filter(|(_, x)| !x.versions.is_empty() && selected(x)))
+        .map(|(name, x)| format!("{name} ({})", x.name.as_deref().unwrap_or("no name")))
+        .collect();
+    let opens = if ours.path == name {
+        name
+    } else {
+        format!("{name} = {}", ours.path)
+    };
+    let line = format!(
+        "{asked}: NCCL opens {opens} ({PLUGIN_NAME}, ncclNet {}){}",
+        versions(&ours),
+        if net_is_ours {
+            ", which NCCL_NET selects"
+        } else {
+            ""
+        }
+    );
+    findings.push(with_evidence(if ahead.is_empty() {
+        Finding::new(Severity::Pass, CHECK, "plugin", line)
+    } else {
+        Finding::new(
+            Severity::Warn,
+            CHECK,
+            "plugin",
+            format!(
+                "{line}; but NCCL_NET_PLUGIN lists {} before it, which NCCL uses whenever its init finds a device",
+                ahead.join(", ")
+            ),
+        )
+        .fix(format!(
+            "list this plugin first in NCCL_NET_PLUGIN, or set NCCL_NET={PLUGIN_NAME}"
+        ))
+    }));
+    if let Some(v) = ib_disable {
+        findings.push(
+            Finding::new(
+                Severity::Info,
+                CHECK,
+                "NCCL_IB_DISABLE",
+                format!("NCCL_IB_DISABLE={v} turns off NCCL's internal IB transport only: this plugin is external and still carries the traffic"),
+            )
+            .fix("to run on sockets instead, set NCCL_NET=Socket"),
+        );
+    }
     findings
 }
 

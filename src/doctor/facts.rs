@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::core::config::{Config, KNOBS};
 use crate::core::error::Error;
+use crate::driver::Exports;
 use crate::plugin::{DeviceModel, DmaBufProbe, GpuFacts, Survey};
 use crate::topology::{HcaFilter, SysfsRoot};
 use crate::transport::pinned_bytes_per_connection;
@@ -107,7 +108,18 @@ pub struct EffectiveConfig {
     pub files: Vec<ConfFile>,
     /// The plugin's own parse of the values: what `init` would decide or refuse.
     pub parsed: Result<Config, Error>,
+    /// NCCL's own variables that decide whether the plugin is used at all ([`NCCL_CHOICE`]),
+    /// resolved alike.
+    pub nccl: Vec<Setting>,
 }
+
+/// NCCL's variables that choose the network before the plugin is asked anything, with what NCCL
+/// does when they are unset.
+pub const NCCL_CHOICE: [(&str, &str); 3] = [
+    ("NCCL_NET_PLUGIN", "libnccl-net.so"),
+    ("NCCL_NET", "the first network that starts"),
+    ("NCCL_IB_DISABLE", "0"),
+];
 
 /// `NAME=value` entries of one configuration file, as NCCL's `setEnvFile` reads them: lines
 /// starting with `#` are comments, the name is everything before the first `=` (spaces
@@ -177,34 +189,123 @@ impl EffectiveConfig {
                 .find(|(n, ..)| n == name)
                 .map(|(_, v, origin)| (OsString::from(v), origin.clone()))
         };
+        let setting = |name: &'static str, default: &'static str| {
+            let found = lookup(name);
+            Setting {
+                name,
+                value: found.as_ref().map(|(v, _)| text(v.clone())),
+                origin: found.map_or(Origin::Default, |(_, o)| o),
+                default,
+            }
+        };
         let settings = KNOBS
             .iter()
-            .map(|knob| {
-                let found = lookup(knob.name);
-                Setting {
-                    name: knob.name,
-                    value: found.as_ref().map(|(v, _)| text(v.clone())),
-                    origin: found.map_or(Origin::Default, |(_, o)| o),
-                    default: knob.default,
-                }
-            })
+            .map(|knob| setting(knob.name, knob.default))
+            .collect();
+        let nccl = NCCL_CHOICE
+            .iter()
+            .map(|&(name, default)| setting(name, default))
             .collect();
         let parsed = Config::from_lookup(|name| lookup(name).map(|(v, _)| v));
         Self {
             settings,
             files,
             parsed,
+            nccl,
         }
     }
 
-    /// The value of `name` (one of [`KNOBS`]) as NCCL would pass it, or the process
-    /// environment's for variables the plugin does not read itself.
+    /// The value of `name` (one of [`KNOBS`] or [`NCCL_CHOICE`]) as NCCL would see it.
     pub fn value(&self, name: &str) -> Option<&str> {
         self.settings
             .iter()
+            .chain(&self.nccl)
             .find(|s| s.name == name)
             .and_then(|s| s.value.as_deref())
     }
+}
+
+/// What opening one library name gave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Opened {
+    /// It loaded: what it exports.
+    Loaded(Exports),
+    /// Not on the library path (NCCL's "Could not find", from the loader's ENOENT for the name
+    /// itself).
+    NotFound(String),
+    /// It exists but did not load: the loader's message (a missing dependency, a wrong ELF).
+    Failed(String),
+    /// `STATIC_PLUGIN`: NCCL looks in the application itself, which the doctor is not.
+    InApplication,
+}
+
+/// One entry of `NCCL_NET_PLUGIN` (or the default), and each name NCCL opens for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginEntry {
+    /// As listed.
+    pub entry: String,
+    /// The names opened, in NCCL's order, up to the first that loaded.
+    pub tried: Vec<(String, Opened)>,
+}
+
+impl PluginEntry {
+    /// The outcome that counts: the library that loaded, else the last failure.
+    pub fn outcome(&self) -> Option<&(String, Opened)> {
+        self.tried
+            .iter()
+            .find(|(_, o)| matches!(o, Opened::Loaded(_)))
+            .or(self.tried.last())
+    }
+}
+
+/// The library names NCCL opens for a net plugin, as `src/plugin/net.cc` and
+/// `src/plugin/plugin_open.cc` (2.30) pick them: the entries of `NCCL_NET_PLUGIN` in order
+/// (comma-separated, empty ones skipped, `none` = no entry), each opened as written and then, when it
+/// is neither a path nor a `lib*.so` name, as `libnccl-net-<entry>.so`; `libnccl-net.so` when
+/// the variable is unset. `open` is the loader (`dlopen` on a node, a table in tests); an entry
+/// that prefixes `STATIC_PLUGIN` (case-insensitively) names the application itself.
+fn plugin_route(
+    setting: Option<&str>,
+    open: &dyn Fn(&str) -> Result<Exports, String>,
+) -> Vec<PluginEntry> {
+    let entries: Vec<&str> = match setting {
+        None => vec!["libnccl-net.so"],
+        Some(v) if v.eq_ignore_ascii_case("none") => Vec::new(),
+        Some(v) => v.split(',').filter(|e| !e.is_empty()).collect(),
+    };
+    entries
+        .into_iter()
+        .map(|entry| {
+            let mut names = vec![entry.to_owned()];
+            let library_name = entry.starts_with("lib") && entry.ends_with(".so");
+            if setting.is_some() && !entry.contains('/') && !library_name {
+                names.push(format!("libnccl-net-{entry}.so"));
+            }
+            let mut tried = Vec::new();
+            for name in names {
+                let opened = if "static_plugin".starts_with(&name.to_ascii_lowercase()) {
+                    Opened::InApplication
+                } else {
+                    match open(&name) {
+                        Ok(exports) => Opened::Loaded(exports),
+                        Err(e) if e.contains(&name) && e.contains("No such file or directory") => {
+                            Opened::NotFound(e)
+                        }
+                        Err(e) => Opened::Failed(e),
+                    }
+                };
+                let done = matches!(opened, Opened::Loaded(_) | Opened::InApplication);
+                tried.push((name, opened));
+                if done {
+                    break;
+                }
+            }
+            PluginEntry {
+                entry: entry.to_owned(),
+                tried,
+            }
+        })
+        .collect()
 }
 
 /// The locked-memory limit of this process and whether it applies.
@@ -471,21 +572,28 @@ pub struct NodeFacts {
     pub context: RunContext,
     /// The kernel's log.
     pub kernel_log: KernelLog,
+    /// The libraries NCCL would open as its net plugin, in its order, with what each gave.
+    pub plugin_route: Vec<PluginEntry>,
+    /// `LD_LIBRARY_PATH`, where the loader looks first for a bare name.
+    pub library_path: Option<String>,
 }
 
 impl NodeFacts {
     /// Gather the facts: `env` looks up the process environment, `discovery` is verbs' answer
-    /// (the live one, or a fixture's ports), `probe_dmabuf` the DMA-BUF probe, `connections` the
-    /// peer connections one process is expected to hold.
+    /// (the live one, or a fixture's ports), `probe_dmabuf` the DMA-BUF probe, `open_library`
+    /// the loader NCCL would open its net plugin with, `connections` the peer connections one
+    /// process is expected to hold.
     pub fn gather(
         roots: Roots,
         env: &dyn Fn(&str) -> Option<OsString>,
         discovery: Result<Discovery, Error>,
         gpu: GpuFacts,
         probe_dmabuf: DmaBufProbe<'_>,
+        open_library: &dyn Fn(&str) -> Result<Exports, String>,
         connections: u64,
     ) -> Self {
         let effective = EffectiveConfig::resolve(env, &roots);
+        let plugin_route = plugin_route(effective.value("NCCL_NET_PLUGIN"), open_library);
         let config = effective.parsed.as_ref().cloned().unwrap_or_default();
         let sysfs = roots.sysfs();
         let survey = Survey::take(
@@ -527,6 +635,8 @@ impl NodeFacts {
             budget,
             dev_nodes,
             context,
+            plugin_route,
+            library_path: env("LD_LIBRARY_PATH").map(|v| v.to_string_lossy().into_owned()),
         }
     }
 }
@@ -616,4 +726,94 @@ pub(super) fn shown(path: &Path, roots: &Roots) -> String {
         |_| path.display().to_string(),
         |rel| format!("/{}", rel.display()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loader that knows `present` (each loads as a plugin named after it) and says what
+    /// glibc says for anything else.
+    fn loader(present: &'static [&'static str]) -> impl Fn(&str) -> Result<Exports, String> {
+        move |name: &str| {
+            if present.contains(&name) {
+                Ok(Exports {
+                    path: format!("/opt/{name}"),
+                    versions: vec![12],
+                    name: Some(name.to_owned()),
+                })
+            } else {
+                Err(format!(
+                    "{name}: cannot open shared object file: No such file or directory"
+                ))
+            }
+        }
+    }
+
+    fn names(route: &[PluginEntry]) -> Vec<Vec<&str>> {
+        route
+            .iter()
+            .map(|e| e.tried.iter().map(|(n, _)| n.as_str()).collect())
+            .collect()
+    }
+
+    /// NCCL 2.30's `initPluginLibsOnceFunc` and `openPluginLib`: the list, `none`, and when the
+    /// `libnccl-net-<entry>.so` name is tried.
+    #[test]
+    fn the_names_nccl_opens() {
+        let none = loader(&[]);
+        assert_eq!(
+            names(&plugin_route(None, &none)),
+            [vec!["libnccl-net.so"]],
+            "unset: the default name only"
+        );
+        assert!(plugin_route(Some("NoNe"), &none).is_empty());
+        assert_eq!(
+            names(&plugin_route(
+                Some("rsib,,/opt/x.so,libfoo.so,lib,libbar.so.1"),
+                &none
+            )),
+            [
+                vec!["rsib", "libnccl-net-rsib.so"],
+                vec!["/opt/x.so"],
+                vec!["libfoo.so"],
+                vec!["lib", "libnccl-net-lib.so"],
+                vec!["libbar.so.1", "libnccl-net-libbar.so.1.so"],
+            ],
+            "a path or a lib*.so name is opened as written only; empty entries are skipped"
+        );
+    }
+
+    #[test]
+    fn an_entry_stops_at_the_first_name_that_loads() {
+        let route = plugin_route(Some("rsib,libnccl-net-rsib.so"), &loader(&["rsib"]));
+        assert_eq!(names(&route), [vec!["rsib"], vec!["libnccl-net-rsib.so"]]);
+        assert!(matches!(route[0].outcome(), Some((_, Opened::Loaded(_)))));
+        let route = plugin_route(Some("rsib"), &loader(&["libnccl-net-rsib.so"]));
+        assert!(matches!(&route[0].tried[0].1, Opened::NotFound(_)));
+        assert!(
+            matches!(route[0].outcome(), Some((n, Opened::Loaded(_))) if n == "libnccl-net-rsib.so")
+        );
+    }
+
+    #[test]
+    fn a_missing_dependency_is_a_failure_not_an_absence() {
+        // glibc names the dependency, not the library asked for: NCCL logs it apart from its
+        // "Could not find" list.
+        let broken = |_: &str| -> Result<Exports, String> {
+            Err("libibverbs.so.1: cannot open shared object file: No such file or directory".into())
+        };
+        let route = plugin_route(Some("/opt/libnccl-net.so"), &broken);
+        assert!(matches!(&route[0].tried[0].1, Opened::Failed(e) if e.starts_with("libibverbs")));
+    }
+
+    #[test]
+    fn a_prefix_of_static_plugin_names_the_application() {
+        for entry in ["STATIC_PLUGIN", "static", "s"] {
+            let route = plugin_route(Some(entry), &loader(&[]));
+            assert_eq!(route[0].tried, [(entry.to_owned(), Opened::InApplication)]);
+        }
+        let route = plugin_route(Some("static_plugins"), &loader(&[]));
+        assert!(matches!(&route[0].tried[0].1, Opened::NotFound(_)));
+    }
 }

@@ -259,36 +259,117 @@ fn c_string(p: *const c_char) -> Option<String> {
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
+/// The ncclNet versions NCCL looks a plugin up by, newest first (`src/plugin/net.cc`): v6 and
+/// v7 as well, which this driver does not speak.
+pub const NCCL_LOOKS_UP: [u8; 7] = [12, 11, 10, 9, 8, 7, 6];
+
+/// A library opened the way NCCL opens a net plugin, `dlopen(name, RTLD_NOW | RTLD_LOCAL)`, and
+/// never closed: the dynamic loader resolves a bare name as it would for NCCL (the library path,
+/// its cache, the default directories).
+#[derive(Debug)]
+pub struct Library {
+    handle: Ptr,
+}
+
+/// What a net plugin library shows NCCL before `init`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exports {
+    /// The file the loader found.
+    pub path: String,
+    /// The `ncclNetPlugin_vN` tables it exports, of [`NCCL_LOOKS_UP`], newest first.
+    pub versions: Vec<u8>,
+    /// The `name` of the newest (the one NCCL uses), when not NULL.
+    pub name: Option<String>,
+}
+
+impl Library {
+    /// Open `name` (a path, or a file name the loader searches for).
+    ///
+    /// # Errors
+    /// `dlerror()`'s message.
+    pub fn open(name: &[u8]) -> Result<Self, String> {
+        let c_name = CString::new(name).map_err(|e| e.to_string())?;
+        // SAFETY: a NUL-terminated name; RTLD_NOW | RTLD_LOCAL as NCCL uses.
+        let handle = unsafe { libc::dlopen(c_name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            return Err(dl_error());
+        }
+        Ok(Self { handle })
+    }
+
+    /// The address of data symbol `ncclNetPlugin_v{version}`, when exported.
+    fn table(&self, version: u8) -> Option<Ptr> {
+        let name = CString::new(format!("ncclNetPlugin_v{version}")).ok()?;
+        // SAFETY: a live handle (never closed) and a NUL-terminated symbol name.
+        let sym = unsafe { libc::dlsym(self.handle, name.as_ptr()) };
+        (!sym.is_null()).then_some(sym)
+    }
+
+    /// The file the loader opened (NCCL logs the same, from the same call).
+    fn path(&self) -> Option<String> {
+        let mut map: *const LinkMapHead = ptr::null();
+        // SAFETY: a live handle; RTLD_DI_LINKMAP writes one pointer to `map`.
+        let rc = unsafe {
+            libc::dlinfo(
+                self.handle,
+                libc::RTLD_DI_LINKMAP,
+                (&raw mut map).cast::<c_void>(),
+            )
+        };
+        if rc != 0 || map.is_null() {
+            return None;
+        }
+        // SAFETY: the loader's own link map entry for a library never closed.
+        c_string(unsafe { (*map).l_name })
+    }
+
+    /// The tables NCCL would find, the newest one's name and the file they live in.
+    pub fn exports(&self) -> Exports {
+        let tables: Vec<(u8, Ptr)> = NCCL_LOOKS_UP
+            .iter()
+            .filter_map(|&v| self.table(v).map(|t| (v, t)))
+            .collect();
+        let newest = tables.first().map(|&(_, t)| t);
+        // SAFETY: every ncclNet table version starts with `const char* name`, a 'static C
+        // string or NULL (nccl-net-abi.md); the table lives in a library never closed.
+        let name = newest.and_then(|t| c_string(unsafe { t.cast::<*const c_char>().read() }));
+        Exports {
+            path: self.path().unwrap_or_default(),
+            versions: tables.iter().map(|&(v, _)| v).collect(),
+            name,
+        }
+    }
+}
+
+/// The head of glibc's `struct link_map` (`<link.h>`, public and stable): what `dlinfo` points
+/// at for `RTLD_DI_LINKMAP`.
+#[repr(C)]
+struct LinkMapHead {
+    l_addr: usize,
+    l_name: *const c_char,
+}
+
 impl Driver {
     /// `dlopen` the library, pick the version and call `init` (with the driver's logger).
     ///
     /// # Errors
     /// A line naming the library and what is missing or failed.
     pub fn load(path: &Path, options: LoadOptions) -> Result<Self, String> {
-        let c_path =
-            CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
-        // SAFETY: a NUL-terminated path; RTLD_NOW | RTLD_LOCAL as NCCL uses.
-        let lib = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if lib.is_null() {
-            return Err(format!("cannot load {}: {}", path.display(), dl_error()));
-        }
-        let lookup = |v: u8| {
-            let name = CString::new(format!("ncclNetPlugin_v{v}")).unwrap_or_default();
-            // SAFETY: a live handle and a NUL-terminated symbol name.
-            let sym = unsafe { libc::dlsym(lib, name.as_ptr()) };
-            (!sym.is_null()).then_some((v, sym))
-        };
+        let lib = Library::open(path.as_os_str().as_encoded_bytes())
+            .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
         let found = match options.version {
             Some(v) if !VERSIONS.contains(&v) => {
                 return Err(format!(
                     "ncclNet v{v} is not one this driver speaks (8 to 12)"
                 ));
             }
-            Some(v) => lookup(v)
+            Some(v) => lib
+                .table(v)
+                .map(|t| (v, t))
                 .ok_or_else(|| format!("{} exports no ncclNetPlugin_v{v}", path.display()))?,
             None => VERSIONS
                 .iter()
-                .find_map(|&v| lookup(v))
+                .find_map(|&v| lib.table(v).map(|t| (v, t)))
                 .ok_or_else(|| format!("{} exports no ncclNetPlugin_v8 .. v12", path.display()))?,
         };
         let table = match found {

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use nccl_net::doctor::{CHECKS, Finding, NodeFacts, Roots, device_rows, node_checks, worst_first};
+use nccl_net::driver::Library;
 use nccl_net::plugin::{GpuFacts, probe_dmabuf_live};
 use nccl_net::verbs;
 
@@ -127,6 +128,7 @@ fn main() -> ExitCode {
         verbs::discover_ports(),
         GpuFacts::probe(&roots.sysfs(), &roots.at("/proc")),
         &probe_dmabuf_live,
+        &|name: &str| Library::open(name.as_bytes()).map(|lib| lib.exports()),
         args.connections,
     );
     let rows = device_rows(&facts);
