@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::facts::{KernelRecord, NodeFacts, Opened, Origin, PluginEntry, candidate_devices};
+use super::facts::{
+    KernelRecord, NodeFacts, Opened, Origin, PluginEntry, Setting, candidate_devices,
+};
 use super::finding::{Finding, Severity};
 use super::pcie::{PcieLink, acs_control, acs_redirects, relaxed_ordering_enabled};
 use super::rows::{hca_port, pcie_function_dir, port_netdev};
@@ -1711,168 +1713,140 @@ fn describe_opened(opened: &Opened) -> String {
     }
 }
 
+const PLUGIN_LOAD: &str = "plugin.load";
+
+/// NCCL's variables as `plugin.load` words and weighs them.
+struct NcclChoice<'a> {
+    /// `NCCL_NET_PLUGIN=... (origin)`, or that it is unset.
+    asked: String,
+    /// `NCCL_NET`.
+    net: Option<&'a str>,
+    /// `NCCL_IB_DISABLE`, when it turns NCCL's internal IB transport off.
+    ib_disable: Option<&'a str>,
+}
+
+impl NcclChoice<'_> {
+    /// Whether `NCCL_NET` names this plugin.
+    fn names_us(&self) -> bool {
+        self.net
+            .is_some_and(|n| n.eq_ignore_ascii_case(PLUGIN_NAME))
+    }
+
+    /// Whether NCCL may use plugin `x`: a ncclNet table, and the name `NCCL_NET` asks for
+    /// (compared as NCCL does, ignoring case).
+    fn may_use(&self, x: &Exports) -> bool {
+        !x.versions.is_empty()
+            && self
+                .net
+                .is_none_or(|n| x.name.as_deref().is_some_and(|m| m.eq_ignore_ascii_case(n)))
+    }
+}
+
+/// The library an entry loaded, under the name that loaded it.
+fn loaded(entry: &PluginEntry) -> Option<(&str, &Exports)> {
+    match entry.outcome() {
+        Some((name, Opened::Loaded(x))) => Some((name.as_str(), x)),
+        _ => None,
+    }
+}
+
+/// `f` with every name NCCL would open and what it gave.
+fn with_route_evidence(facts: &NodeFacts, f: Finding) -> Finding {
+    facts
+        .plugin_route
+        .iter()
+        .flat_map(|entry| &entry.tried)
+        .fold(f, |f, (name, opened)| {
+            f.evidence(format!("dlopen({name})"), describe_opened(opened))
+        })
+}
+
 /// Whether NCCL would find this plugin: the library it opens (`NCCL_NET_PLUGIN`'s entries in
 /// order, else `libnccl-net.so`, through the dynamic loader as NCCL calls it), and whether
 /// `NCCL_NET` lets NCCL use it. NCCL says none of this above its INFO level: a plugin that
 /// does not load leaves the job on NCCL's internal transport without a warning.
 fn plugin_load(facts: &NodeFacts) -> Vec<Finding> {
-    const CHECK: &str = "plugin.load";
     let e = &facts.effective;
-    let net = e.value("NCCL_NET");
-    let net_is_ours = net.is_some_and(|n| n.eq_ignore_ascii_case(PLUGIN_NAME));
-    let asked = match e.nccl.iter().find(|s| s.name == "NCCL_NET_PLUGIN") {
-        Some(s) if s.value.is_some() => format!(
-            "NCCL_NET_PLUGIN={} ({})",
-            s.value.as_deref().unwrap_or(""),
-            s.origin
-        ),
-        _ => "NCCL_NET_PLUGIN unset".to_owned(),
-    };
-    let ib_disable = e
-        .value("NCCL_IB_DISABLE")
-        .filter(|v| v.trim().parse::<i64>().is_ok_and(|n| n != 0));
-    let is_ours = |x: &Exports| x.name.as_deref() == Some(PLUGIN_NAME) && !x.versions.is_empty();
-    let with_evidence = |f: Finding| {
-        facts
-            .plugin_route
-            .iter()
-            .flat_map(|entry| &entry.tried)
-            .fold(f, |f, (name, opened)| {
-                f.evidence(format!("dlopen({name})"), describe_opened(opened))
-            })
+    let choice = NcclChoice {
+        asked: match e.nccl.iter().find(|s| s.name == "NCCL_NET_PLUGIN") {
+            Some(Setting {
+                value: Some(v),
+                origin,
+                ..
+            }) => format!("NCCL_NET_PLUGIN={v} ({origin})"),
+            _ => "NCCL_NET_PLUGIN unset".to_owned(),
+        },
+        net: e.value("NCCL_NET"),
+        ib_disable: e
+            .value("NCCL_IB_DISABLE")
+            .filter(|v| v.trim().parse::<i64>().is_ok_and(|n| n != 0)),
     };
     let mut findings = Vec::new();
-    if let Some(n) = net
-        && !net_is_ours
+    if let Some(n) = choice.net
+        && !choice.names_us()
     {
         findings.push(
             Finding::new(
                 Severity::Fail,
-                CHECK,
+                PLUGIN_LOAD,
                 "NCCL_NET",
                 format!("NCCL_NET={n}: NCCL uses only the network named '{n}', never this plugin ({PLUGIN_NAME})"),
             )
             .fix(format!("unset NCCL_NET, or set NCCL_NET={PLUGIN_NAME}")),
         );
     }
-    let loaded = |entry: &PluginEntry| match entry.outcome() {
-        Some((name, Opened::Loaded(x))) => Some((name.clone(), x.clone())),
-        _ => None,
-    };
-    let selected = |x: &Exports| {
-        net.is_none_or(|n| x.name.as_deref().is_some_and(|m| m.eq_ignore_ascii_case(n)))
-    };
-    let mine = facts
+    let ours = facts
         .plugin_route
         .iter()
-        .position(|entry| loaded(entry).is_some_and(|(_, x)| is_ours(&x)));
-    let Some(mine) = mine else {
-        let why = if facts.plugin_route.is_empty() {
-            "it opens no external plugin".to_owned()
-        } else {
-            let outcomes: Vec<String> = facts
-                .plugin_route
-                .iter()
-                .filter_map(|entry| {
-                    let (name, opened) = entry.outcome()?;
-                    Some(match opened {
-                        Opened::NotFound(_) if name.contains('/') => format!("{name} not found"),
-                        Opened::NotFound(_) => format!("{name} not found on the library path"),
-                        Opened::Loaded(x) if !x.versions.is_empty() => {
-                            format!("{name} = {}: another plugin", describe_opened(opened))
-                        }
-                        _ => format!("{name}: {}", describe_opened(opened)),
-                    })
-                })
-                .collect();
-            outcomes.join("; ")
-        };
-        let other = facts
-            .plugin_route
-            .iter()
-            .find_map(|entry| loaded(entry).filter(|(_, x)| !x.versions.is_empty() && selected(x)));
-        let then = if net_is_ours {
-            "with NCCL_NET selecting this plugin, NCCL then fails to start (\"Failed to initialize any NET plugin\")".to_owned()
-        } else if let Some((_, x)) = other {
-            format!(
-                "NCCL uses {} instead when its init finds a device",
-                x.name.as_deref().unwrap_or("that plugin")
-            )
-        } else if let Some(v) = ib_disable {
-            format!("NCCL falls back to sockets (NCCL_IB_DISABLE={v})")
-        } else {
-            "NCCL falls back to its internal IB transport, then to sockets".to_owned()
-        };
-        let outcome_is = |kind: fn(&Opened) -> bool| {
-            facts
-                .plugin_route
-                .iter()
-                .any(|entry| entry.outcome().is_some_and(|(_, o)| kind(o)))
-        };
-        // The application's own symbols may be this plugin: only NCCL's log can tell.
-        let severity = if outcome_is(|o| matches!(o, Opened::InApplication)) {
-            Severity::Unknown
-        } else {
-            Severity::Fail
-        };
-        let fix = if severity == Severity::Unknown {
-            format!(
-                "run the application with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET and look for \"Initialized NET plugin {PLUGIN_NAME}\""
-            )
-        } else if outcome_is(|o| matches!(o, Opened::Failed(_))) {
-            "install what the loader names as missing (or put its directory on LD_LIBRARY_PATH)"
-                .to_owned()
-        } else {
-            "install this plugin as libnccl-net.so in a directory on the library path (scripts/install.sh PREFIX puts it in PREFIX/lib), or set NCCL_NET_PLUGIN to the full path of its library".to_owned()
-        };
-        findings.push(
-            with_evidence(Finding::new(
-                severity,
-                CHECK,
-                "plugin",
-                match severity {
-                    Severity::Unknown => {
-                        format!("{asked}: cannot tell whether NCCL loads this plugin: {why}")
-                    }
-                    _ => format!("{asked}: NCCL does not load this plugin: {why}; {then}"),
-                },
-            ))
-            .fix(fix)
-            .evidence(
-                "LD_LIBRARY_PATH",
-                facts.library_path.as_deref().unwrap_or("unset"),
-            ),
-        );
-        return findings;
-    };
-    let Some((name, ours)) = loaded(&facts.plugin_route[mine]) else {
-        return findings;
-    };
-    let ahead: Vec<String> = facts.plugin_route[..mine]
+        .enumerate()
+        .find_map(|(i, entry)| {
+            loaded(entry)
+                .filter(|(_, x)| x.name.as_deref() == Some(PLUGIN_NAME) && !x.versions.is_empty())
+                .map(|(name, x)| (i, name, x))
+        });
+    match ours {
+        Some((i, name, x)) => findings.extend(plugin_found(facts, &choice, i, name, x)),
+        None => findings.push(plugin_missing(facts, &choice)),
+    }
+    findings
+}
+
+/// `plugin.load` when NCCL opens this plugin from entry `at` (as `name`): PASS, or WARN when an
+/// earlier entry is a plugin NCCL would try first; INFO on `NCCL_IB_DISABLE`.
+fn plugin_found(
+    facts: &NodeFacts,
+    choice: &NcclChoice<'_>,
+    at: usize,
+    name: &str,
+    ours: &Exports,
+) -> Vec<Finding> {
+    let ahead: Vec<String> = facts.plugin_route[..at]
         .iter()
-        .filter_map(|entry| loaded(entry).filter(|(_, x)| !x.versions.is_empty() && selected(x)))
+        .filter_map(loaded)
+        .filter(|(_, x)| choice.may_use(x))
         .map(|(name, x)| format!("{name} ({})", x.name.as_deref().unwrap_or("no name")))
         .collect();
     let opens = if ours.path == name {
-        name
+        name.to_owned()
     } else {
         format!("{name} = {}", ours.path)
     };
     let line = format!(
-        "{asked}: NCCL opens {opens} ({PLUGIN_NAME}, ncclNet {}){}",
-        versions(&ours),
-        if net_is_ours {
+        "{}: NCCL opens {opens} ({PLUGIN_NAME}, ncclNet {}){}",
+        choice.asked,
+        versions(ours),
+        if choice.names_us() {
             ", which NCCL_NET selects"
         } else {
             ""
         }
     );
-    findings.push(with_evidence(if ahead.is_empty() {
-        Finding::new(Severity::Pass, CHECK, "plugin", line)
+    let verdict = if ahead.is_empty() {
+        Finding::new(Severity::Pass, PLUGIN_LOAD, "plugin", line)
     } else {
         Finding::new(
             Severity::Warn,
-            CHECK,
+            PLUGIN_LOAD,
             "plugin",
             format!(
                 "{line}; but NCCL_NET_PLUGIN lists {} before it, which NCCL uses whenever its init finds a device",
@@ -1882,12 +1856,13 @@ fn plugin_load(facts: &NodeFacts) -> Vec<Finding> {
         .fix(format!(
             "list this plugin first in NCCL_NET_PLUGIN, or set NCCL_NET={PLUGIN_NAME}"
         ))
-    }));
-    if let Some(v) = ib_disable {
+    };
+    let mut findings = vec![with_route_evidence(facts, verdict)];
+    if let Some(v) = choice.ib_disable {
         findings.push(
             Finding::new(
                 Severity::Info,
-                CHECK,
+                PLUGIN_LOAD,
                 "NCCL_IB_DISABLE",
                 format!("NCCL_IB_DISABLE={v} turns off NCCL's internal IB transport only: this plugin is external and still carries the traffic"),
             )
@@ -1895,6 +1870,79 @@ fn plugin_load(facts: &NodeFacts) -> Vec<Finding> {
         );
     }
     findings
+}
+
+/// `plugin.load` when no entry is this plugin: FAIL with each entry's outcome and what NCCL
+/// does instead; UNKNOWN when NCCL looks in the application itself.
+fn plugin_missing(facts: &NodeFacts, choice: &NcclChoice<'_>) -> Finding {
+    let route = &facts.plugin_route;
+    let why = if route.is_empty() {
+        "it opens no external plugin".to_owned()
+    } else {
+        let outcomes: Vec<String> = route
+            .iter()
+            .filter_map(|entry| {
+                let (name, opened) = entry.outcome()?;
+                Some(match opened {
+                    Opened::NotFound(_) if name.contains('/') => format!("{name} not found"),
+                    Opened::NotFound(_) => format!("{name} not found on the library path"),
+                    Opened::Loaded(x) if !x.versions.is_empty() => {
+                        format!("{name} = {}: another plugin", describe_opened(opened))
+                    }
+                    _ => format!("{name}: {}", describe_opened(opened)),
+                })
+            })
+            .collect();
+        outcomes.join("; ")
+    };
+    let other = route
+        .iter()
+        .filter_map(loaded)
+        .find(|(_, x)| choice.may_use(x));
+    let then = if choice.names_us() {
+        "with NCCL_NET selecting this plugin, NCCL then fails to start (\"Failed to initialize any NET plugin\")".to_owned()
+    } else if let Some((_, x)) = other {
+        format!(
+            "NCCL uses {} instead when its init finds a device",
+            x.name.as_deref().unwrap_or("that plugin")
+        )
+    } else if let Some(v) = choice.ib_disable {
+        format!("NCCL falls back to sockets (NCCL_IB_DISABLE={v})")
+    } else {
+        "NCCL falls back to its internal IB transport, then to sockets".to_owned()
+    };
+    let any_outcome = |kind: fn(&Opened) -> bool| {
+        route
+            .iter()
+            .any(|entry| entry.outcome().is_some_and(|(_, o)| kind(o)))
+    };
+    let asked = &choice.asked;
+    // The application's own symbols may be this plugin: only NCCL's log can tell.
+    let finding = if any_outcome(|o| matches!(o, Opened::InApplication)) {
+        Finding::new(
+            Severity::Unknown,
+            PLUGIN_LOAD,
+            "plugin",
+            format!("{asked}: cannot tell whether NCCL loads this plugin: {why}"),
+        )
+        .fix(format!("run the application with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET and look for \"Initialized NET plugin {PLUGIN_NAME}\""))
+    } else {
+        Finding::new(
+            Severity::Fail,
+            PLUGIN_LOAD,
+            "plugin",
+            format!("{asked}: NCCL does not load this plugin: {why}; {then}"),
+        )
+        .fix(if any_outcome(|o| matches!(o, Opened::Failed(_))) {
+            "install what the loader names as missing (or put its directory on LD_LIBRARY_PATH)"
+        } else {
+            "install this plugin as libnccl-net.so in a directory on the library path (scripts/install.sh PREFIX puts it in PREFIX/lib), or set NCCL_NET_PLUGIN to the full path of its library"
+        })
+    };
+    with_route_evidence(facts, finding).evidence(
+        "LD_LIBRARY_PATH",
+        facts.library_path.as_deref().unwrap_or("unset"),
+    )
 }
 
 fn plugin_devices(facts: &NodeFacts) -> Vec<Finding> {
