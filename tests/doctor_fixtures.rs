@@ -463,6 +463,14 @@ fn memlock_against_the_budget() {
         Severity::Fail,
         "2 x 16 MiB NCCL_BUFFSIZE",
     );
+    // NCCL reads its variables from its configuration files too (before any NCCL_PARAM).
+    let from_file = healthy("ml-buffsize-conf").limits("536870912", "unlimited", "0");
+    from_file.write("etc/nccl.conf", "NCCL_BUFFSIZE=16777216\n");
+    one(
+        &from_file.check("memlock"),
+        Severity::Fail,
+        "2 x 16 MiB NCCL_BUFFSIZE",
+    );
 
     let unreadable = healthy("ml-unreadable");
     fs::write(unreadable.root.join("proc/self/limits"), "").unwrap();

@@ -108,17 +108,18 @@ pub struct EffectiveConfig {
     pub files: Vec<ConfFile>,
     /// The plugin's own parse of the values: what `init` would decide or refuse.
     pub parsed: Result<Config, Error>,
-    /// NCCL's own variables that decide whether the plugin is used at all ([`NCCL_CHOICE`]),
-    /// resolved alike.
+    /// NCCL's own variables the doctor weighs ([`NCCL_VARIABLES`]), resolved alike.
     pub nccl: Vec<Setting>,
 }
 
-/// NCCL's variables that choose the network before the plugin is asked anything, with what NCCL
-/// does when they are unset.
-pub const NCCL_CHOICE: [(&str, &str); 3] = [
+/// NCCL's own variables the doctor weighs, with what NCCL does when they are unset: those that
+/// choose the network before the plugin is asked anything (`plugin.load`), and the size of
+/// NCCL's staging buffers (`memlock`).
+pub const NCCL_VARIABLES: [(&str, &str); 4] = [
     ("NCCL_NET_PLUGIN", "libnccl-net.so"),
     ("NCCL_NET", "the first network that starts"),
     ("NCCL_IB_DISABLE", "0"),
+    ("NCCL_BUFFSIZE", "4194304"),
 ];
 
 /// `NAME=value` entries of one configuration file, as NCCL's `setEnvFile` reads them: lines
@@ -202,7 +203,7 @@ impl EffectiveConfig {
             .iter()
             .map(|knob| setting(knob.name, knob.default))
             .collect();
-        let nccl = NCCL_CHOICE
+        let nccl = NCCL_VARIABLES
             .iter()
             .map(|&(name, default)| setting(name, default))
             .collect();
@@ -215,7 +216,7 @@ impl EffectiveConfig {
         }
     }
 
-    /// The value of `name` (one of [`KNOBS`] or [`NCCL_CHOICE`]) as NCCL would see it.
+    /// The value of `name` (one of [`KNOBS`] or [`NCCL_VARIABLES`]) as NCCL would see it.
     pub fn value(&self, name: &str) -> Option<&str> {
         self.settings
             .iter()
@@ -614,8 +615,9 @@ impl NodeFacts {
             .devices
             .iter()
             .any(|d| d.memory.cuda || d.memory.dmabuf);
-        let buffsize = env("NCCL_BUFFSIZE")
-            .and_then(|v| v.to_str()?.trim().parse::<u64>().ok())
+        let buffsize = effective
+            .value("NCCL_BUFFSIZE")
+            .and_then(|v| v.trim().parse::<u64>().ok())
             .unwrap_or(NCCL_DEFAULT_BUFFSIZE);
         let budget = MemoryBudget {
             connections,

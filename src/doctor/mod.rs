@@ -16,7 +16,7 @@ mod rows;
 pub use checks::{CHECKS, node_checks};
 pub use facts::{
     ConfFile, DevNode, EffectiveConfig, KernelLog, KernelRecord, Memlock, MemoryBudget,
-    NCCL_CHOICE, NodeFacts, Opened, Origin, PluginEntry, Roots, RunContext, Setting,
+    NCCL_VARIABLES, NodeFacts, Opened, Origin, PluginEntry, Roots, RunContext, Setting,
 };
 pub use finding::{Evidence, Finding, Severity, worst_first};
 pub use pcie::{PcieLink, relaxed_ordering_enabled};
