@@ -240,12 +240,11 @@ pub enum Opened {
     InApplication,
 }
 
-/// One entry of `NCCL_NET_PLUGIN` (or the default), and each name NCCL opens for it.
+/// One entry of `NCCL_NET_PLUGIN` (or the default): each name NCCL opens for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PluginEntry {
-    /// As listed.
-    pub entry: String,
-    /// The names opened, in NCCL's order, up to the first that loaded.
+    /// The names opened, in NCCL's order (the entry as written first), up to the first that
+    /// loaded.
     pub tried: Vec<(String, Opened)>,
 }
 
@@ -301,10 +300,7 @@ fn plugin_route(
                     break;
                 }
             }
-            PluginEntry {
-                entry: entry.to_owned(),
-                tried,
-            }
+            PluginEntry { tried }
         })
         .collect()
 }
