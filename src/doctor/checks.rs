@@ -184,6 +184,28 @@ fn software_device(check: &'static str, m: &NetDevice) -> Finding {
     )
 }
 
+/// A port-level PCIe check's findings: for each used member, `judge` of its PCI function's
+/// directory (the one `function_dir` picks), or the SKIP of a software device.
+fn per_pci_function(
+    facts: &NodeFacts,
+    check: &'static str,
+    function_dir: fn(&NetDevice) -> Option<PathBuf>,
+    judge: impl Fn(&NetDevice, &Path) -> Finding,
+) -> Vec<Finding> {
+    used_ports(facts)
+        .into_iter()
+        .map(|(m, _)| match function_dir(m) {
+            Some(dir) => judge(m, &dir),
+            None => software_device(check, m),
+        })
+        .collect()
+}
+
+/// The directory of a member's own PCI function; `None` for a software device.
+fn own_function_dir(m: &NetDevice) -> Option<PathBuf> {
+    m.pci_path.clone().filter(|_| m.pci.is_some())
+}
+
 /// One SKIP when nothing was discovered, so port checks say why they have nothing to judge.
 fn nothing_to_check(check: &'static str, facts: &NodeFacts) -> Option<Vec<Finding>> {
     if !facts.survey.devices.is_empty() {
@@ -1052,21 +1074,21 @@ fn pcie_link(facts: &NodeFacts) -> Vec<Finding> {
     if let Some(skip) = nothing_to_check(CHECK, facts) {
         return skip;
     }
-    used_ports(facts)
-        .into_iter()
-        .map(|(m, _)| {
-            let Some(dir) = pcie_function_dir(m) else {
-                return software_device(CHECK, m);
-            };
-            let shown = super::facts::shown(&dir, &facts.roots);
-            let (current, max) = (PcieLink::read(&dir, "current"), PcieLink::read(&dir, "max"));
-            let (Some(current), Some(max)) = (current, max) else {
-                return Finding::new(Severity::Unknown, CHECK, &m.name, "link speed/width unreadable")
-                    .evidence(format!("{shown}/current_link_speed"), "unreadable");
-            };
-            let port = u64::from(m.speed_mbps);
-            let f = if current.mbps() < port {
-                Finding::new(
+    per_pci_function(facts, CHECK, pcie_function_dir, |m, dir| {
+        let shown = super::facts::shown(dir, &facts.roots);
+        let (current, max) = (PcieLink::read(dir, "current"), PcieLink::read(dir, "max"));
+        let (Some(current), Some(max)) = (current, max) else {
+            return Finding::new(
+                Severity::Unknown,
+                CHECK,
+                &m.name,
+                "link speed/width unreadable",
+            )
+            .evidence(format!("{shown}/current_link_speed"), "unreadable");
+        };
+        let port = u64::from(m.speed_mbps);
+        let f = if current.mbps() < port {
+            Finding::new(
                     Severity::Fail,
                     CHECK,
                     &m.name,
@@ -1078,26 +1100,37 @@ fn pcie_link(facts: &NodeFacts) -> Vec<Finding> {
                     ),
                 )
                 .fix("reseat the card or move it to a full-width slot; check BIOS bifurcation and `dmesg | grep -i 'limited by'`")
-            } else if current.mbps() < max.mbps() {
-                Finding::new(
-                    Severity::Warn,
-                    CHECK,
-                    &m.name,
-                    format!("trained {} below its maximum {}", current.describe(), max.describe()),
-                )
-                .fix("reseat the card; check the slot's width and BIOS PCIe settings")
-            } else {
-                Finding::new(
-                    Severity::Pass,
-                    CHECK,
-                    &m.name,
-                    format!("{} ({}) for a {} port", current.describe(), gbps(current.mbps()), gbps(port)),
-                )
-            };
-            f.evidence(format!("{shown}/current_link_speed,_width"), current.describe())
-                .evidence(format!("{shown}/max_link_speed,_width"), max.describe())
-        })
-        .collect()
+        } else if current.mbps() < max.mbps() {
+            Finding::new(
+                Severity::Warn,
+                CHECK,
+                &m.name,
+                format!(
+                    "trained {} below its maximum {}",
+                    current.describe(),
+                    max.describe()
+                ),
+            )
+            .fix("reseat the card; check the slot's width and BIOS PCIe settings")
+        } else {
+            Finding::new(
+                Severity::Pass,
+                CHECK,
+                &m.name,
+                format!(
+                    "{} ({}) for a {} port",
+                    current.describe(),
+                    gbps(current.mbps()),
+                    gbps(port)
+                ),
+            )
+        };
+        f.evidence(
+            format!("{shown}/current_link_speed,_width"),
+            current.describe(),
+        )
+        .evidence(format!("{shown}/max_link_speed,_width"), max.describe())
+    })
 }
 
 /// The PCI functions on the way from the host bridge (`pci0000:00`) down to `function`'s
@@ -1149,89 +1182,112 @@ fn pcie_acs(facts: &NodeFacts) -> Vec<Finding> {
         })
         .collect();
     let in_vm = facts.context.vm.is_some();
-    used_ports(facts)
-        .into_iter()
-        .map(|(m, _)| {
-            let Some(dir) = m.pci_path.as_ref().filter(|_| m.pci.is_some()) else {
-                return software_device(CHECK, m);
-            };
-            let nic = pci_chain(dir);
-            let sharing: Vec<(&str, Vec<PathBuf>)> = gpus
-                .iter()
-                .map(|(bdf, chain)| (bdf.as_str(), p2p_ports(&nic, chain)))
-                .filter(|(_, ports)| !ports.is_empty())
-                .collect();
-            if gpus.is_empty() {
-                return Finding::new(Severity::Skip, CHECK, &m.name, "no NVIDIA GPU on the PCI bus: no GPUDirect path to judge");
-            }
-            if sharing.is_empty() {
-                return Finding::new(
-                    Severity::Pass,
-                    CHECK,
-                    &m.name,
-                    "no GPU under the same PCIe switch: GPUDirect traffic to it crosses the root complex, where ACS redirection changes nothing",
-                );
-            }
-            let mut evidence = Vec::new();
-            let mut redirecting = BTreeMap::new();
-            let mut unreadable = Vec::new();
-            // The NIC's own ports lie on the way to every GPU of its switch: read each once.
-            let ports: BTreeSet<&PathBuf> = sharing.iter().flat_map(|(_, ports)| ports).collect();
-            for port in ports {
-                let name = port.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                let shown = super::facts::shown(port, &facts.roots);
-                match std::fs::read(port.join("config")).map_err(|e| e.to_string()).and_then(|c| acs_control(&c)) {
-                    Ok(control) => {
-                        let value = control.map_or("no ACS capability".to_owned(), |c| format!("{c:#06x}"));
-                        evidence.push((format!("{shown}/config ACS Control"), value));
-                        if let Some(bits) = control.map(acs_redirects).filter(|b| !b.is_empty()) {
-                            redirecting.insert(name, bits.join("+"));
-                        }
-                    }
-                    Err(why) => {
-                        evidence.push((format!("{shown}/config ACS Control"), why.clone()));
-                        unreadable.push(format!("{name}: {why}"));
+    per_pci_function(facts, CHECK, own_function_dir, |m, dir| {
+        let nic = pci_chain(dir);
+        let sharing: Vec<(&str, Vec<PathBuf>)> = gpus
+            .iter()
+            .map(|(bdf, chain)| (bdf.as_str(), p2p_ports(&nic, chain)))
+            .filter(|(_, ports)| !ports.is_empty())
+            .collect();
+        if gpus.is_empty() {
+            return Finding::new(
+                Severity::Skip,
+                CHECK,
+                &m.name,
+                "no NVIDIA GPU on the PCI bus: no GPUDirect path to judge",
+            );
+        }
+        if sharing.is_empty() {
+            return Finding::new(
+                Severity::Pass,
+                CHECK,
+                &m.name,
+                "no GPU under the same PCIe switch: GPUDirect traffic to it crosses the root complex, where ACS redirection changes nothing",
+            );
+        }
+        let mut evidence = Vec::new();
+        let mut redirecting = BTreeMap::new();
+        let mut unreadable = Vec::new();
+        // The NIC's own ports lie on the way to every GPU of its switch: read each once.
+        let ports: BTreeSet<&PathBuf> = sharing.iter().flat_map(|(_, ports)| ports).collect();
+        for port in ports {
+            let name = port
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let shown = super::facts::shown(port, &facts.roots);
+            match std::fs::read(port.join("config"))
+                .map_err(|e| e.to_string())
+                .and_then(|c| acs_control(&c))
+            {
+                Ok(control) => {
+                    let value =
+                        control.map_or("no ACS capability".to_owned(), |c| format!("{c:#06x}"));
+                    evidence.push((format!("{shown}/config ACS Control"), value));
+                    if let Some(bits) = control.map(acs_redirects).filter(|b| !b.is_empty()) {
+                        redirecting.insert(name, bits.join("+"));
                     }
                 }
+                Err(why) => {
+                    evidence.push((format!("{shown}/config ACS Control"), why.clone()));
+                    unreadable.push(format!("{name}: {why}"));
+                }
             }
-            let gpu_list = sharing.iter().map(|(bdf, _)| *bdf).collect::<Vec<_>>().join(" ");
-            let f = if !redirecting.is_empty() {
-                let ports = redirecting.iter().map(|(p, bits)| format!("{p} ({bits})")).collect::<Vec<_>>().join(", ");
-                if in_vm {
-                    Finding::new(
-                        Severity::Info,
-                        CHECK,
-                        &m.name,
-                        format!("switch ports between it and GPUs {gpu_list} redirect peer-to-peer traffic: {ports}; expected in a VM (GPUDirect needs ATS and relaxed ordering there)"),
-                    )
-                } else {
-                    Finding::new(
+        }
+        let gpu_list = sharing
+            .iter()
+            .map(|(bdf, _)| *bdf)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let f = if !redirecting.is_empty() {
+            let ports = redirecting
+                .iter()
+                .map(|(p, bits)| format!("{p} ({bits})"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            if in_vm {
+                Finding::new(
+                    Severity::Info,
+                    CHECK,
+                    &m.name,
+                    format!(
+                        "switch ports between it and GPUs {gpu_list} redirect peer-to-peer traffic: {ports}; expected in a VM (GPUDirect needs ATS and relaxed ordering there)"
+                    ),
+                )
+            } else {
+                Finding::new(
                         Severity::Fail,
                         CHECK,
                         &m.name,
                         format!("switch ports between it and GPUs {gpu_list} redirect peer-to-peer traffic up to the root complex: {ports}; GPUDirect RDMA through them runs far below line rate or stalls"),
                     )
                     .fix("disable ACS on the PCIe switch ports in the BIOS (or for a test: `setpci -s <port> ECAP_ACS+6.w=0`, lost at reboot)")
-                }
-            } else if !unreadable.is_empty() {
-                Finding::new(
-                    Severity::Unknown,
-                    CHECK,
-                    &m.name,
-                    format!("ACS of the switch ports between it and GPUs {gpu_list} unreadable: {}", unreadable.join("; ")),
-                )
-                .fix("run the doctor as root")
-            } else {
-                Finding::new(
-                    Severity::Pass,
-                    CHECK,
-                    &m.name,
-                    format!("no switch port between it and GPUs {gpu_list} redirects peer-to-peer traffic"),
-                )
-            };
-            evidence.into_iter().fold(f, |f, (source, value)| f.evidence(source, value))
-        })
-        .collect()
+            }
+        } else if !unreadable.is_empty() {
+            Finding::new(
+                Severity::Unknown,
+                CHECK,
+                &m.name,
+                format!(
+                    "ACS of the switch ports between it and GPUs {gpu_list} unreadable: {}",
+                    unreadable.join("; ")
+                ),
+            )
+            .fix("run the doctor as root")
+        } else {
+            Finding::new(
+                Severity::Pass,
+                CHECK,
+                &m.name,
+                format!(
+                    "no switch port between it and GPUs {gpu_list} redirects peer-to-peer traffic"
+                ),
+            )
+        };
+        evidence
+            .into_iter()
+            .fold(f, |f, (source, value)| f.evidence(source, value))
+    })
 }
 
 /// NVIDIA GPUs on the PCI bus (vendor 0x10de, display class), with their NUMA nodes.
@@ -1362,15 +1418,10 @@ fn iommu(facts: &NodeFacts) -> Vec<Finding> {
     }
     let cmdline = facts.roots.read("/proc/cmdline").unwrap_or_default();
     let in_vm = facts.context.vm.is_some();
-    used_ports(facts)
-        .into_iter()
-        .map(|(m, _)| {
-            let Some(dir) = m.pci_path.as_ref().filter(|_| m.pci.is_some()) else {
-                return software_device(CHECK, m);
-            };
-            let shown = super::facts::shown(dir, &facts.roots);
-            let kind = std::fs::read_to_string(dir.join("iommu_group/type")).ok();
-            let f = match kind.as_deref().map(str::trim) {
+    per_pci_function(facts, CHECK, own_function_dir, |m, dir| {
+        let shown = super::facts::shown(dir, &facts.roots);
+        let kind = std::fs::read_to_string(dir.join("iommu_group/type")).ok();
+        let f = match kind.as_deref().map(str::trim) {
                 None if dir.join("iommu_group").exists() => {
                     Finding::new(Severity::Unknown, CHECK, &m.name, "IOMMU group type unreadable")
                 }
@@ -1390,10 +1441,14 @@ fn iommu(facts: &NodeFacts) -> Vec<Finding> {
                 )
                 .fix("boot with `iommu=pt` (intel_iommu=on iommu=pt / amd_iommu=pt)"),
             };
-            f.evidence(format!("{shown}/iommu_group/type"), kind.unwrap_or_else(|| "absent".to_owned()).trim().to_owned())
-                .evidence("/proc/cmdline", cmdline.clone())
-        })
-        .collect()
+        f.evidence(
+            format!("{shown}/iommu_group/type"),
+            kind.unwrap_or_else(|| "absent".to_owned())
+                .trim()
+                .to_owned(),
+        )
+        .evidence("/proc/cmdline", cmdline.clone())
+    })
 }
 
 fn firmware(facts: &NodeFacts) -> Vec<Finding> {
