@@ -92,6 +92,11 @@ pub const KNOBS: &[Knob] = &[
         meaning: "RoCE traffic class",
     },
     Knob {
+        name: "NCCL_IB_FIFO_TC",
+        default: "-1",
+        meaning: "RoCE traffic class of the receiver's QPs (its clear-to-sends); -1 = the sender's",
+    },
+    Knob {
         name: "NCCL_IB_QPS_PER_CONNECTION",
         default: "1",
         meaning: "QPs per connection (1..16)",
@@ -317,6 +322,8 @@ pub struct Config {
     pub service_level: Option<u8>,
     /// `NCCL_IB_TC`, when set.
     pub traffic_class: Option<u8>,
+    /// `NCCL_IB_FIFO_TC`, when set: the receiver's RoCE traffic class.
+    pub fifo_traffic_class: Option<u8>,
     /// `NCCL_IB_PKEY`, when set: the P_Key index of every QP (else 0, unchecked).
     pub pkey_index: Option<u16>,
     /// QPs per connection.
@@ -371,6 +378,7 @@ impl Default for Config {
             retry_cnt: 7,
             service_level: None,
             traffic_class: None,
+            fifo_traffic_class: None,
             pkey_index: None,
             qps_per_connection: 1,
             split_data_on_qps: false,
@@ -458,6 +466,20 @@ impl Config {
         }
     }
 
+    /// The traffic class and service level of a receiver's QPs, whose sender chose `sender`:
+    /// on RoCE `NCCL_IB_FIFO_TC` replaces the class when set, so that the clear-to-sends (the
+    /// receiver's only writes) can travel in a class of their own, as NCCL's transport decides
+    /// (net_ib/connect.cc, the receiver's `rtrAttr->tc`); otherwise the sender's choice.
+    pub fn receiver_traffic(&self, sender: Traffic, roce: bool) -> Traffic {
+        Traffic {
+            class: self
+                .fifo_traffic_class
+                .filter(|_| roce)
+                .unwrap_or(sender.class),
+            level: sender.level,
+        }
+    }
+
     /// Build the configuration from the variables [`KNOBS`] names, looked up one by one with
     /// `lookup` (the plugin passes the process environment's): nothing else in the environment is read,
     /// so an unrelated variable holding any bytes cannot matter.
@@ -526,6 +548,9 @@ impl Config {
                 "NCCL_IB_RETRY_CNT" => c.retry_cnt = narrow(number(name, value, 0, 7)?),
                 "NCCL_IB_SL" => c.service_level = optional(name, value, 15)?.map(narrow),
                 "NCCL_IB_TC" => c.traffic_class = optional(name, value, 255)?.map(narrow),
+                "NCCL_IB_FIFO_TC" => {
+                    c.fifo_traffic_class = optional(name, value, 255)?.map(narrow);
+                }
                 "NCCL_IB_PKEY" => c.pkey_index = Some(narrow(number(name, value, 0, 65535)?)),
                 "NCCL_IB_QPS_PER_CONNECTION" => {
                     c.qps_per_connection =
@@ -755,6 +780,26 @@ mod tests {
                 level: 3
             }
         );
+    }
+
+    #[test]
+    fn the_receivers_class_is_nccl_ib_fifo_tc_on_roce_only() {
+        let sender = Traffic {
+            class: 106,
+            level: 3,
+        };
+        let unset = parse(&[("NCCL_IB_FIFO_TC", "-1")]).unwrap();
+        assert_eq!(unset.receiver_traffic(sender, true), sender);
+        let fifo = parse(&[("NCCL_IB_FIFO_TC", "46")]).unwrap();
+        assert_eq!(
+            fifo.receiver_traffic(sender, true),
+            Traffic {
+                class: 46,
+                level: 3
+            }
+        );
+        assert_eq!(fifo.receiver_traffic(sender, false), sender, "InfiniBand");
+        assert!(parse(&[("NCCL_IB_FIFO_TC", "256")]).is_err());
     }
 
     #[test]

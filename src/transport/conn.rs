@@ -265,6 +265,11 @@ impl QpSet {
 }
 
 impl PortContext {
+    /// Whether this port is RoCE (Ethernet link layer).
+    pub(super) fn is_roce(&self) -> bool {
+        self.link_layer == LINK_LAYER_ETHERNET
+    }
+
     /// This port as the peer sees it with `gid`, and the key of this side's control ring on it.
     pub(super) fn endpoint(&self, gid: &GidEntry, ring_rkey: u32) -> Endpoint {
         Endpoint {
@@ -446,7 +451,7 @@ fn check_member(
             link_layer_name(member.link_layer)
         )));
     }
-    if port.link_layer == LINK_LAYER_ETHERNET {
+    if port.is_roce() {
         let local_v4 = Ipv6Addr::from(gid.gid).to_ipv4_mapped().is_some();
         let remote_v4 = Ipv6Addr::from(member.gid).to_ipv4_mapped().is_some();
         let local_version = gid.roce_version.unwrap_or(0);
@@ -480,7 +485,7 @@ pub(super) fn path_params(
     peer: &Endpoint,
     traffic: Traffic,
 ) -> PathParams {
-    let route = if port.link_layer == LINK_LAYER_ETHERNET {
+    let route = if port.is_roce() {
         IbRoute {
             global: true,
             dlid: peer.lid,

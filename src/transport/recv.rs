@@ -203,11 +203,14 @@ impl RecvComm {
             Access::REMOTE_WRITE.with(Access::REMOTE_READ),
             flush_wrs,
         )?;
-        // The sender chose traffic class and service level; use the same for the CTS direction.
-        let traffic = Traffic {
+        // The sender chose traffic class and service level; the CTS direction uses the same,
+        // unless NCCL_IB_FIFO_TC gives it a RoCE class of its own (`check_peer` made the
+        // link layers of both sides and of every member equal).
+        let chosen = Traffic {
             class: remote.traffic_class,
             level: remote.service_level,
         };
+        let traffic = ctx.config.receiver_traffic(chosen, ctx.ports[0].is_roce());
         qps.connect(ctx, remote, traffic)?;
         let eager_bytes =
             agreed_eager_bytes(&ctx.config, qps.qps.len(), u64::from(remote.eager_bytes));
@@ -258,10 +261,13 @@ impl RecvComm {
         };
         let local = describe_local(ctx, &qps.gids);
         let remote_desc = describe_remote(remote, peer);
+        let mut qos = qps.describe_qos(traffic);
+        if traffic != chosen {
+            qos += &format!(" (NCCL_IB_FIFO_TC; the sender's is {})", chosen.class);
+        }
         tracing::debug!(
-            "recv comm accepted: {remote_desc} -> {local}, {} QPs, {}, {}",
+            "recv comm accepted: {remote_desc} -> {local}, {} QPs, {qos}, {}",
             layout.nqps,
-            qps.describe_qos(traffic),
             describe_eager(eager_bytes, layout.quiet)
         );
         let answers = qps

@@ -76,9 +76,15 @@ fn message_beyond_2_gib_is_byte_exact(cx: &mut Cx) {
 
 /// v10 passes the communicator's traffic class to `connect`, v11+ to `init`: the sender's QPs
 /// carry it (queried from the device), unless `NCCL_IB_TC`/`NCCL_IB_SL` are set, and the
-/// receiver's QPs take what the sender chose.
+/// receiver's QPs take what the sender chose (`RSIB_EXPECT_QOS`), or on RoCE the class of
+/// `NCCL_IB_FIFO_TC` (`RSIB_EXPECT_RECEIVER_QOS`), as NCCL's transport sets its receiver's QPs.
 fn communicator_traffic_class_reaches_the_qps(cx: &mut Cx) {
-    let expected = std::env::var("RSIB_EXPECT_QOS").unwrap();
+    let sender = std::env::var("RSIB_EXPECT_QOS").unwrap();
+    let expected = if cx.rank == 0 {
+        std::env::var("RSIB_EXPECT_RECEIVER_QOS").unwrap_or(sender)
+    } else {
+        sender
+    };
     if cx.rank == 0 {
         let rc = cx.accept_pair();
         recv_each(&cx.net, rc, &[(1, 4096)], 0);
@@ -416,6 +422,27 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
             (
                 "RSIB_EXPECT_QOS",
                 "traffic class 106, service level 3; the QP reports traffic class 106",
+            ),
+        ]],
+    },
+    Scenario {
+        name: "v12/nccl_ib_fifo_tc_is_the_receivers_class",
+        ranks: 2,
+        run: communicator_traffic_class_reaches_the_qps,
+        env: &[&[
+            ("RSIB_TEST_ABI", "12"),
+            ("RSIB_TEST_TC", "3"),
+            ("NCCL_IB_TC", "106"),
+            ("NCCL_IB_FIFO_TC", "46"),
+            ("NCCL_DEBUG", "TRACE"),
+            (
+                "RSIB_EXPECT_QOS",
+                "traffic class 106, service level 3; the QP reports traffic class 106",
+            ),
+            (
+                "RSIB_EXPECT_RECEIVER_QOS",
+                "traffic class 46, service level 3; the QP reports traffic class 46 \
+                 (NCCL_IB_FIFO_TC; the sender's is 106)",
             ),
         ]],
     },

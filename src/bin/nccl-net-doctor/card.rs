@@ -21,6 +21,9 @@ pub(crate) struct NodeCard {
     pub(crate) context: String,
     /// `NCCL_IB_TC`, when set.
     pub(crate) traffic_class: Option<u8>,
+    /// `NCCL_IB_FIFO_TC`, when set (absent from an older doctor's card: unset).
+    #[serde(default)]
+    pub(crate) fifo_traffic_class: Option<u8>,
     /// `NCCL_IB_SL`, when set.
     pub(crate) service_level: Option<u8>,
     /// `NCCL_IB_QPS_PER_CONNECTION`.
@@ -160,6 +163,7 @@ pub(crate) fn node_card(facts: &NodeFacts, rows: &[DeviceRow], host: &str) -> No
         host: host.to_owned(),
         context: facts.context.kind().to_owned(),
         traffic_class: facts.config.traffic_class,
+        fifo_traffic_class: facts.config.fifo_traffic_class,
         service_level: facts.config.service_level,
         qps_per_connection: facts.config.qps_per_connection,
         devices: rows
@@ -318,10 +322,17 @@ pub(crate) fn agreement(
             Severity::Warn,
         ));
     }
-    let traffic = |c: &NodeCard| format!("TC {} SL {}", opt(c.traffic_class), opt(c.service_level));
+    let traffic = |c: &NodeCard| {
+        format!(
+            "TC {} FIFO_TC {} SL {}",
+            opt(c.traffic_class),
+            opt(c.fifo_traffic_class),
+            opt(c.service_level)
+        )
+    };
     out.push(same(
         "pair.traffic_class",
-        "NCCL_IB_TC/NCCL_IB_SL",
+        "NCCL_IB_TC/NCCL_IB_FIFO_TC/NCCL_IB_SL",
         traffic(local),
         traffic(remote),
         Severity::Warn,
@@ -406,6 +417,7 @@ mod tests {
             host: host.into(),
             context: "vm".into(),
             traffic_class: None,
+            fifo_traffic_class: None,
             service_level: None,
             qps_per_connection: 1,
             devices: vec![device.clone()],
@@ -462,5 +474,25 @@ mod tests {
         let (a, _) = card("a", 1024, "127.0.1.1", "IPv4");
         let text = serde_json::to_string(&a).unwrap();
         assert_eq!(serde_json::from_str::<NodeCard>(&text).unwrap(), a);
+    }
+
+    #[test]
+    fn a_fifo_class_set_on_one_side_warns_and_an_older_card_has_none() {
+        let (a, da) = card("a", 1024, "127.0.1.1", "IPv4");
+        let (mut b, db) = card("b", 1024, "127.0.1.2", "IPv4");
+        b.fifo_traffic_class = Some(46);
+        let findings = agreement(&a, &b, &da, &db);
+        let tc = findings
+            .iter()
+            .find(|f| f.check == "pair.traffic_class")
+            .unwrap();
+        assert_eq!(tc.severity, Severity::Warn);
+        assert!(tc.what.contains("FIFO_TC unset"), "{}", tc.what);
+        assert!(tc.what.contains("FIFO_TC 46"), "{}", tc.what);
+        // A doctor from before NCCL_IB_FIFO_TC sends no such field.
+        let mut old = serde_json::to_value(&b).unwrap();
+        old.as_object_mut().unwrap().remove("fifo_traffic_class");
+        let read: NodeCard = serde_json::from_value(old).unwrap();
+        assert_eq!(read.fifo_traffic_class, None);
     }
 }
