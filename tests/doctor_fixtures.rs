@@ -1403,6 +1403,53 @@ fn configuration_with_origins_as_nccl_builds_it() {
     );
 }
 
+/// A site tuned for NCCL's internal IB transport may set its options; with this plugin they
+/// change nothing, and each one set is a WARN with where it came from (NCCL 2.30's net_ib
+/// reads them: `NCCL_PARAM`s of `src/transport/net_ib/` and `src/misc/ibvwrap.cc`).
+#[test]
+fn options_of_nccls_ib_transport_that_do_nothing_here_are_named() {
+    let mut node = healthy("env-nccl-ib");
+    node.write("etc/nccl.conf", "NCCL_IB_OOO_RQ=1\nNCCL_IB_USE_INLINE=\n");
+    node.env("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1");
+    let findings = node.check("env.config");
+    has(
+        &findings,
+        Severity::Warn,
+        "NCCL_IB_OOO_RQ",
+        "NCCL_IB_OOO_RQ=1 (/etc/nccl.conf:1) has no effect: this plugin does not implement it; \
+         in NCCL's internal IB transport (default 0) it is for: mlx5 out-of-order receive queues",
+    );
+    has(
+        &findings,
+        Severity::Warn,
+        "NCCL_IB_RESILIENCY_PORT_FAILOVER",
+        "NCCL_IB_RESILIENCY_PORT_FAILOVER=1 (environment) has no effect",
+    );
+    has(
+        &findings,
+        Severity::Warn,
+        "NCCL_IB_RESILIENCY_PORT_FAILOVER",
+        "fix: unset NCCL_IB_RESILIENCY_PORT_FAILOVER where this plugin carries the traffic",
+    );
+    let warned: Vec<&str> = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Warn)
+        .map(|f| f.entity.as_str())
+        .collect();
+    assert_eq!(
+        warned,
+        ["NCCL_IB_OOO_RQ", "NCCL_IB_RESILIENCY_PORT_FAILOVER"],
+        "an empty value is unset, as the plugin reads it"
+    );
+    assert!(
+        healthy("env-plain")
+            .check("env.config")
+            .iter()
+            .all(|f| f.severity != Severity::Warn),
+        "nothing set, nothing said"
+    );
+}
+
 #[test]
 fn plugin_load_follows_nccls_search_and_its_choice() {
     // The default: libnccl-net.so on the library path is this plugin.

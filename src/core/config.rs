@@ -183,6 +183,112 @@ pub const KNOBS: &[Knob] = &[
     },
 ];
 
+/// Variables of NCCL's own IB transport (`src/transport/net_ib/`, `src/misc/ibvwrap.cc`, NCCL
+/// 2.30) that this plugin does not implement: a site tuned for NCCL's transport may set them,
+/// and with this plugin they change nothing. `default` is NCCL's; `meaning` what NCCL's
+/// transport does with them. `init` names those set in one WARN line, the doctor in env.config.
+pub const NOT_IMPLEMENTED: &[Knob] = &[
+    Knob {
+        name: "NCCL_IB_ECE_ENABLE",
+        default: "1",
+        meaning: "negotiate Enhanced Connection Establishment options (vendor features such as congestion control) between the two QPs",
+    },
+    Knob {
+        name: "NCCL_IB_OOO_RQ",
+        default: "0",
+        meaning: "mlx5 out-of-order receive queues (packets of one QP taking several paths), with pre-posted receives",
+    },
+    Knob {
+        name: "NCCL_IB_DATA_DIRECT",
+        default: "1",
+        meaning: "mlx5 Data Direct: register GPU memory for the NIC's direct DMA path",
+    },
+    Knob {
+        name: "NCCL_IB_USE_INLINE",
+        default: "0",
+        meaning: "post the clear-to-send entry inline (this plugin inlines single-entry clear-to-sends and payloads up to 64 bytes always)",
+    },
+    Knob {
+        name: "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS",
+        default: "-2 (no)",
+        meaning: "post the receive work requests ahead instead of with each irecv",
+    },
+    Knob {
+        name: "NCCL_IB_RECEIVER_SIDE_MATCHING_SCHEME",
+        default: "-2 (by index)",
+        meaning: "how the receiver matches completions to requests (by index or by id)",
+    },
+    Knob {
+        name: "NCCL_IB_RESILIENCY_PORT_FAILOVER",
+        default: "0",
+        meaning: "move a connection's traffic to another port of its device when a port fails (this plugin fails the comm, naming the port)",
+    },
+    Knob {
+        name: "NCCL_IB_RESILIENCY_PORT_RECOVERY",
+        default: "0",
+        meaning: "bring a failed-over port back into use once it recovers",
+    },
+    Knob {
+        name: "NCCL_IB_SUBNET_AWARE_ROUTING",
+        default: "0",
+        meaning: "pick the local device on the peer's subnet (its GIDs travel in the listen handle)",
+    },
+    Knob {
+        name: "NCCL_IB_SUBNET_PREFIX_LEN",
+        default: "24",
+        meaning: "prefix length of the subnets NCCL_IB_SUBNET_AWARE_ROUTING compares",
+    },
+    Knob {
+        name: "NCCL_IB_WARN_RAIL_LOCAL",
+        default: "0",
+        meaning: "log when two fused devices share no physical device",
+    },
+    Knob {
+        name: "NCCL_IB_DEVICE_PCI_ORDER",
+        default: "1",
+        meaning: "0 = keep the verbs device order instead of sorting the devices by PCI path (this plugin always sorts them by PCI path)",
+    },
+    Knob {
+        name: "NCCL_IB_MQP_RETRY_ALL",
+        default: "0",
+        meaning: "retry a failed QP state change on any error, not only a timeout",
+    },
+    Knob {
+        name: "NCCL_IB_MQP_RETRY_CNT",
+        default: "34",
+        meaning: "how often a QP state change that timed out is retried",
+    },
+    Knob {
+        name: "NCCL_IB_MQP_RETRY_SLEEP_MSEC",
+        default: "100",
+        meaning: "the wait between those retries",
+    },
+    Knob {
+        name: "NCCL_IB_QUERY_PORT_SPEED",
+        default: "1",
+        meaning: "read the port speed with ibv_query_port_speed where libibverbs has it",
+    },
+    Knob {
+        name: "NCCL_IBVERBS_LIB",
+        default: "libibverbs.so.1",
+        meaning: "the libibverbs NCCL opens (this plugin links libibverbs.so.1)",
+    },
+];
+
+/// `NAME=value` of each [`NOT_IMPLEMENTED`] variable `lookup` finds set (non-empty), in the
+/// list's order.
+pub fn not_implemented_set(lookup: impl Fn(&str) -> Option<OsString>) -> Vec<String> {
+    NOT_IMPLEMENTED
+        .iter()
+        .filter_map(|knob| {
+            let value = lookup(knob.name)?;
+            let value = value.to_string_lossy();
+            let value = value.trim();
+            (!value.is_empty()).then(|| format!("{}={value}", knob.name))
+        })
+        .collect()
+}
+
 /// Traffic class (RoCE GRH) and service level (InfiniBand) of a connection's QPs.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
 pub struct Traffic {
@@ -779,6 +885,27 @@ mod tests {
                 class: 106,
                 level: 3
             }
+        );
+    }
+
+    #[test]
+    fn options_of_nccls_transport_are_named_when_set_and_never_parsed() {
+        let env = |name: &str| match name {
+            "NCCL_IB_ECE_ENABLE" => Some(OsString::from(" 0 ")),
+            "NCCL_IB_OOO_RQ" => Some(OsString::from("")),
+            "NCCL_IBVERBS_LIB" => Some(OsString::from("libibverbs.so.1")),
+            _ => None,
+        };
+        assert_eq!(
+            not_implemented_set(env),
+            ["NCCL_IB_ECE_ENABLE=0", "NCCL_IBVERBS_LIB=libibverbs.so.1"]
+        );
+        assert_eq!(Config::from_lookup(env).unwrap(), Config::default());
+        // None of them is a variable the plugin honours.
+        assert!(
+            NOT_IMPLEMENTED
+                .iter()
+                .all(|n| KNOBS.iter().all(|k| k.name != n.name))
         );
     }
 

@@ -11,7 +11,7 @@ use super::facts::{
 use super::finding::{Finding, Severity};
 use super::pcie::{PcieLink, acs_control, acs_redirects, relaxed_ordering_enabled};
 use super::rows::{hca_port, pcie_function_dir, port_netdev};
-use crate::core::config::AddrFamily;
+use crate::core::config::{AddrFamily, NOT_IMPLEMENTED};
 use crate::driver::Exports;
 use crate::plugin::PLUGIN_NAME;
 use crate::topology::{
@@ -1693,6 +1693,31 @@ fn env_config(facts: &NodeFacts) -> Vec<Finding> {
                     .fix("write NAME=value with no spaces around '='"),
             );
         }
+    }
+    for knob in NOT_IMPLEMENTED {
+        let Some(s) = e.not_implemented.iter().find(|s| s.name == knob.name) else {
+            continue;
+        };
+        findings.push(
+            Finding::new(
+                Severity::Warn,
+                CHECK,
+                knob.name,
+                format!(
+                    "{}={} ({}) has no effect: this plugin does not implement it; in NCCL's \
+                     internal IB transport (default {}) it is for: {}",
+                    s.name,
+                    s.value.as_deref().unwrap_or(""),
+                    s.origin,
+                    knob.default,
+                    knob.meaning
+                ),
+            )
+            .fix(format!(
+                "unset {} where this plugin carries the traffic (it only matters to NCCL's internal IB transport)",
+                knob.name
+            )),
+        );
     }
     let set: Vec<String> = e
         .settings

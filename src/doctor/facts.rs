@@ -8,7 +8,7 @@ use std::io::{ErrorKind, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::core::config::{Config, KNOBS};
+use crate::core::config::{Config, KNOBS, NOT_IMPLEMENTED};
 use crate::core::error::Error;
 use crate::driver::Exports;
 use crate::plugin::{DeviceModel, DmaBufProbe, GpuFacts, Survey};
@@ -110,6 +110,9 @@ pub struct EffectiveConfig {
     pub parsed: Result<Config, Error>,
     /// NCCL's own variables the doctor weighs ([`NCCL_VARIABLES`]), resolved alike.
     pub nccl: Vec<Setting>,
+    /// The variables of NCCL's IB transport that this plugin does not implement
+    /// ([`NOT_IMPLEMENTED`]) and that are set, resolved alike.
+    pub not_implemented: Vec<Setting>,
 }
 
 /// NCCL's own variables the doctor weighs, with what NCCL does when they are unset: those that
@@ -207,12 +210,18 @@ impl EffectiveConfig {
             .iter()
             .map(|&(name, default)| setting(name, default))
             .collect();
+        let not_implemented = NOT_IMPLEMENTED
+            .iter()
+            .map(|knob| setting(knob.name, knob.default))
+            .filter(|s| s.value.as_deref().is_some_and(|v| !v.trim().is_empty()))
+            .collect();
         let parsed = Config::from_lookup(|name| lookup(name).map(|(v, _)| v));
         Self {
             settings,
             files,
             parsed,
             nccl,
+            not_implemented,
         }
     }
 

@@ -24,7 +24,7 @@ pub use self::device::Device;
 pub use self::survey::{
     DeviceModel, DeviceVerdict, DmaBufProbe, GpuFacts, Survey, fusion_policy, probe_dmabuf_live,
 };
-use crate::core::config::Config;
+use crate::core::config::{Config, not_implemented_set};
 use crate::core::error::{Error, Result};
 use crate::log::{self, INIT_TARGET};
 pub use crate::topology::MemorySupport;
@@ -113,6 +113,15 @@ impl Plugin {
         }
         let config = Config::from_lookup(|name| std::env::var_os(name))?;
         log::set_filter(&config.log_directive);
+        let ignored = not_implemented_set(|name| std::env::var_os(name));
+        if !ignored.is_empty() {
+            tracing::warn!(
+                "{}: options of NCCL's internal IB transport that this plugin does not \
+                 implement; they have no effect here (nccl-net-doctor's env.config says what each \
+                 does there)",
+                ignored.join(", ")
+            );
+        }
         let sysfs = SysfsRoot::default();
         let plugin = Arc::new(Self::discover(config, model, &sysfs));
         plugin.check_port_knobs(&sysfs)?;

@@ -36,6 +36,16 @@ fn transfer_outside_any_range(cx: &mut Cx) {
     transfer_sizes(cx);
 }
 
+/// Options of NCCL's internal IB transport that the plugin does not implement: `init` names
+/// those set (an empty value is unset) in one WARN line, and transfers are as without them.
+fn transfer_with_nccl_transport_options_set(cx: &mut Cx) {
+    println!(
+        "EXPECT_STDERR NCCL_IB_OOO_RQ=1, NCCL_IB_RESILIENCY_PORT_FAILOVER=1: options of NCCL's \
+         internal IB transport that this plugin does not implement; they have no effect here"
+    );
+    transfer_sizes(cx);
+}
+
 /// `NCCL_IB_PKEY` set: the key at that index is checked and named, every QP joins it.
 fn transfer_in_the_named_partition(cx: &mut Cx) {
     println!("EXPECT_STDERR , P_Key 0xffff (full member) at index 0, MTU code");
@@ -615,6 +625,16 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         ranks: 2,
         run: grouped_receive_of_8_matches_tags,
         env: &[AR4K],
+    },
+    Scenario {
+        name: "nccl_transport_options_are_named_and_change_nothing",
+        ranks: 2,
+        run: transfer_with_nccl_transport_options_set,
+        env: &[&[
+            ("NCCL_IB_OOO_RQ", "1"),
+            ("NCCL_IB_USE_INLINE", ""),
+            ("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1"),
+        ]],
     },
     // Addressing knobs (NCCL_IB_ADDR_RANGE picks the GID; NCCL_IB_PKEY the partition).
     Scenario {
