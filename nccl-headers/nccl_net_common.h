@@ -82,9 +82,36 @@ typedef ncclNetDeviceHandle_v8_t ncclNetDeviceHandle_v10_t;
 typedef ncclNetDeviceHandle_v8_t ncclNetDeviceHandle_v11_t;
 typedef ncclNetDeviceHandle_v8_t ncclNetDeviceHandle_v12_t;
 
-/* NCCL's profiler callback (v10+); a network plugin may ignore it. */
+/* NCCL's profiler callback (v10+). A plugin starts an event with type
+ * NCCL_PROFILER_NET_EVENT_START, the pHandle NCCL passed with the request, its pluginId and a
+ * descriptor; NCCL writes the event's handle to *eHandle. It stops it with
+ * NCCL_PROFILER_NET_EVENT_STOP and that handle. */
 typedef ncclResult_t (*ncclProfilerCallback_t)(void **eHandle, int type, void *pHandle,
                                                int64_t pluginId, void *extData);
+
+#define NCCL_PROFILER_NET_EVENT_START 0
+#define NCCL_PROFILER_NET_EVENT_STOP 1
+#define NCCL_PROFILER_NET_TYPE_IB (1 << 16) /* pluginId: IB-style descriptors */
+#define NCCL_PROFILER_NET_IB_VER 1          /* pluginId: their version */
+#define NCCL_PROFILE_QP 1                   /* descriptor type: one work request on a QP */
+
+/* A work request on a QP: the plugin's device, the request's id and ibv_wr_opcode, the QP's
+ * number and the bytes it moves. */
+typedef struct {
+  int device;
+  uint64_t wr_id;
+  int opcode;
+  int qpNum;
+  size_t length;
+} ncclProfilerNetIbQp_v1_t;
+
+/* extData of an IB-style event (version 1). */
+typedef struct {
+  uint8_t type;
+  union {
+    ncclProfilerNetIbQp_v1_t qp;
+  };
+} ncclProfilerNetIbDescr_v1_t;
 
 #define NCCL_NET_MAX_DEVS_PER_NIC_V11 4 /* members of a virtual device, v9 to v11 */
 #define NCCL_NET_MAX_DEVS_PER_NIC_V12 8 /* members of a virtual device, v12 */

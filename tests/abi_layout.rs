@@ -73,6 +73,15 @@ fn rust_side() -> Vec<(String, i64)> {
     layout!(ncclNetVDeviceProps_v9_t { ndevs, devs });
     layout!(ncclNetVDeviceProps_v12_t { ndevs, devs });
     layout!(ncclNetCommConfig_v10_t { trafficClass });
+    layout!(ncclProfilerNetIbQp_v1_t {
+        device,
+        wr_id,
+        opcode,
+        qpNum,
+        length
+    });
+    // `type` is at 0 in both (a Rust keyword, so not named here).
+    layout!(ncclProfilerNetIbDescr_v1_t { qp });
     layout!(ncclNetCommAttr_v11_t {
         maxConcurrentPeers,
         minConcurrentPeers,
@@ -236,6 +245,11 @@ fn rust_side() -> Vec<(String, i64)> {
         NCCL_NET_MAX_DEVS_PER_NIC_V11 => NCCL_NET_MAX_DEVS_PER_NIC_V11,
         NCCL_NET_MAX_DEVS_PER_NIC_V12 => NCCL_NET_MAX_DEVS_PER_NIC_V12,
         NCCL_NET_TRAFFIC_CLASS_UNDEF => NCCL_NET_TRAFFIC_CLASS_UNDEF,
+        NCCL_PROFILER_NET_EVENT_START => NCCL_PROFILER_NET_EVENT_START,
+        NCCL_PROFILER_NET_EVENT_STOP => NCCL_PROFILER_NET_EVENT_STOP,
+        NCCL_PROFILER_NET_TYPE_IB => NCCL_PROFILER_NET_TYPE_IB,
+        NCCL_PROFILER_NET_IB_VER => NCCL_PROFILER_NET_IB_VER,
+        NCCL_PROFILE_QP => NCCL_PROFILE_QP,
         NCCL_NET_ID_UNDEF => NCCL_NET_ID_UNDEF,
         NCCL_MAX_NET_SIZE_BYTES => NCCL_MAX_NET_SIZE_BYTES,
     );

@@ -22,7 +22,7 @@ use crate::core::proto::{MAX_MESSAGE_BYTES, RecvBuf};
 use crate::core::wire::ListenHandle;
 use crate::log;
 use crate::plugin::{DeviceModel, MAX_GROUPED_RECVS, MemorySupport, Plugin};
-use crate::transport::{Connecting, ListenComm};
+use crate::transport::{Connecting, ListenComm, Parent};
 
 /// Run one NCCL entry point: answers a receive comm holds for a batch go first (see
 /// [`crate::transport::post_held`]), then `body`; panics caught, errors mapped and logged once.
@@ -373,13 +373,15 @@ pub(super) fn non_negative(value: c_int, what: &str) -> Result<u64> {
 ///
 /// # Safety
 /// NCCL's isend contract: `send_comm` from connect, `mhandle` from regMr, `data[..size]` valid
-/// and unchanged until `test` reports the request done, `request` NULL or its out-slot.
+/// and unchanged until `test` reports the request done, `phandle` NULL or NCCL's profiler
+/// handle, `request` NULL or its out-slot.
 pub(super) unsafe fn isend(
     send_comm: *mut c_void,
     data: *mut c_void,
     size: Result<u64>,
     tag: c_int,
     mhandle: *mut c_void,
+    phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     entry("isend", || {
@@ -391,7 +393,7 @@ pub(super) unsafe fn isend(
         // SAFETY: NCCL passes back a handle regMr returned.
         let mr = unsafe { handles::mr(mhandle) }?;
         // SAFETY: NCCL keeps `data[..size]` unchanged until test() reports this request done.
-        let started = unsafe { comm.comm.isend(data as u64, size, tag, mr) }?;
+        let started = unsafe { comm.comm.isend(data as u64, size, tag, mr, parent(phandle)) }?;
         out.write(started.map_or(ptr::null_mut(), |i| comm.request(i)));
         Ok(())
     })
@@ -439,8 +441,10 @@ impl Capacity for usize {
 /// as its buffer is looked at).
 ///
 /// # Safety
-/// NCCL's irecv contract: arrays of `n` elements, buffers writable until `test` reports the
-/// request done, `request` NULL or its out-slot (possibly holding the 0x1 sentinel).
+/// NCCL's irecv contract: arrays of `n` elements (`phandles` NULL before v10), buffers
+/// writable until `test` reports the request done, `request` NULL or its out-slot (possibly
+/// holding the 0x1 sentinel).
+#[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
 pub(super) unsafe fn irecv(
     recv_comm: *mut c_void,
     n: c_int,
@@ -448,6 +452,7 @@ pub(super) unsafe fn irecv(
     sizes: *mut impl Capacity,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
+    phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     guarded("irecv", || {
@@ -465,6 +470,13 @@ pub(super) unsafe fn irecv(
         let tags = unsafe { array(tags, n, "tags") }?;
         // SAFETY: as above.
         let mhandles = unsafe { array(mhandles, n, "mhandles") }?;
+        let phandles = if phandles.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: as above.
+            unsafe { array(phandles, n, "phandles") }?
+        };
+        let parent_of = |i: usize| phandles.get(i).copied().and_then(parent);
         let arrays = (data, sizes, tags, mhandles);
         // A single receive, NCCL's usual case, builds no group of eight, and its call of the
         // inlined `irecv` knows it has one buffer.
@@ -472,19 +484,25 @@ pub(super) unsafe fn irecv(
             // SAFETY: NCCL passes back handles regMr returned.
             let single = [unsafe { recv_buf(arrays, 0) }?];
             // SAFETY: NCCL keeps the buffers writable until test() reports this request done.
-            unsafe { comm.comm.irecv(&single) }?
+            unsafe { comm.comm.irecv(&single, &[parent_of(0)]) }?
         } else {
             let mut group = Group::default();
             for i in 0..n {
                 // SAFETY: NCCL passes back handles regMr returned.
                 group.push(unsafe { recv_buf(arrays, i) }?);
             }
+            let parents: Group<Option<Parent>> = (0..n).map(parent_of).collect();
             // SAFETY: as above.
-            unsafe { comm.comm.irecv(&group) }?
+            unsafe { comm.comm.irecv(&group, &parents) }?
         };
         out.write(started.map_or(ptr::null_mut(), |i| comm.request(i)));
         Ok(())
     })
+}
+
+/// NCCL's profiler handle of a request (`phandle`), when it passed one.
+fn parent(phandle: *mut c_void) -> Option<Parent> {
+    (!phandle.is_null()).then(|| Parent(phandle.expose_provenance()))
 }
 
 /// Buffer `i` of an `irecv`'s arrays, checked against its registration. Inlined at both of

@@ -21,6 +21,7 @@ mod entry;
 mod handles;
 pub(crate) mod logger;
 mod out;
+mod profiler;
 pub mod types;
 mod v10;
 mod v11;

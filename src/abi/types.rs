@@ -104,10 +104,49 @@ pub struct ncclNetProperties_v8_t {
     pub netDeviceVersion: c_int,
 }
 
-/// NCCL's profiler callback (v10+). The plugin never calls it.
+/// NCCL's profiler callback (v10+): `(eHandle, type, pHandle, pluginId, extData)`. The plugin
+/// reports its QP events through it (`abi::profiler`).
 pub type ncclProfilerCallback_t = Option<
     unsafe extern "C" fn(*mut *mut c_void, c_int, *mut c_void, i64, *mut c_void) -> ncclResult_t,
 >;
+
+/// Profiler callback `type`: an event starts (`eHandle` receives its handle).
+pub const NCCL_PROFILER_NET_EVENT_START: c_int = 0;
+/// Profiler callback `type`: the event in `*eHandle` stops.
+pub const NCCL_PROFILER_NET_EVENT_STOP: c_int = 1;
+/// `pluginId` bits of a network plugin whose events are IB-style descriptors.
+pub const NCCL_PROFILER_NET_TYPE_IB: i64 = 1 << 16;
+/// The version of [`ncclProfilerNetIbDescr_v1_t`], in the low bits of `pluginId`.
+pub const NCCL_PROFILER_NET_IB_VER: i64 = 1;
+/// [`ncclProfilerNetIbDescr_v1_t::type_`] of a QP event.
+pub const NCCL_PROFILE_QP: u8 = 1;
+
+/// One work request on a QP, as an IB-style plugin describes it to the profiler.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ncclProfilerNetIbQp_v1_t {
+    /// The plugin's device (here: the member port of the connection's device).
+    pub device: c_int,
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Its `ibv_wr_opcode`.
+    pub opcode: c_int,
+    /// The QP's number.
+    pub qpNum: c_int,
+    /// Bytes it moves.
+    pub length: usize,
+}
+
+/// The `extData` of a started event (`pluginId` = IB type | version 1). In C the QP record is
+/// the only member of a union; a struct holding it has the same layout.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ncclProfilerNetIbDescr_v1_t {
+    /// [`NCCL_PROFILE_QP`].
+    pub type_: u8,
+    /// The work request.
+    pub qp: ncclProfilerNetIbQp_v1_t,
+}
 
 /// The device handle of v9 to v12 (the same layout as v8's).
 pub type ncclNetDeviceHandle_v9_t = ncclNetDeviceHandle_v8_t;

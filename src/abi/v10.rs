@@ -1,5 +1,6 @@
 //! `ncclNetPlugin_v10` (NCCL 2.26+): v9 plus a profiler callback at `init`, the communicator's
-//! config (traffic class) at `connect`, and profiler handles on `isend`/`irecv` (ignored).
+//! config (traffic class) at `connect`, and profiler handles on `isend`/`irecv`, under which the
+//! plugin reports its QP events (`super::profiler`).
 
 use std::ffi::{c_int, c_void};
 
@@ -42,8 +43,9 @@ pub static ncclNetPlugin_v10: ncclNet_v10_t = ncclNet_v10_t {
 
 pub(super) unsafe extern "C" fn net_init_v10(
     logger: ncclDebugLogger_t,
-    _profiler: ncclProfilerCallback_t,
+    profiler: ncclProfilerCallback_t,
 ) -> ncclResult_t {
+    super::profiler::install(profiler);
     entry::init(logger, DeviceModel::Ports)
 }
 
@@ -61,21 +63,31 @@ pub(super) unsafe extern "C" fn net_connect_v10(
     unsafe { entry::connect(dev, handle, send_comm, class) }
 }
 
-/// v10+'s `isend`, with a profiler handle the plugin does not use.
+/// v10+'s `isend`, with the profiler handle its QP events go under.
 pub(super) unsafe extern "C" fn net_isend_v10(
     send_comm: *mut c_void,
     data: *mut c_void,
     size: usize,
     tag: c_int,
     mhandle: *mut c_void,
-    _phandle: *mut c_void,
+    phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     // SAFETY: forwarded from NCCL (see `entry::isend`).
-    unsafe { entry::isend(send_comm, data, Ok(size as u64), tag, mhandle, request) }
+    unsafe {
+        entry::isend(
+            send_comm,
+            data,
+            Ok(size as u64),
+            tag,
+            mhandle,
+            phandle,
+            request,
+        )
+    }
 }
 
-/// v10+'s `irecv`, with profiler handles the plugin does not use.
+/// v10+'s `irecv`, with the profiler handles (one per buffer) its QP events go under.
 pub(super) unsafe extern "C" fn net_irecv_v10(
     recv_comm: *mut c_void,
     n: c_int,
@@ -83,9 +95,9 @@ pub(super) unsafe extern "C" fn net_irecv_v10(
     sizes: *mut usize,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
-    _phandles: *mut *mut c_void,
+    phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    // SAFETY: forwarded from NCCL (v9's irecv, without the profiler handles).
-    unsafe { entry::irecv(recv_comm, n, data, sizes, tags, mhandles, request) }
+    // SAFETY: forwarded from NCCL (see `entry::irecv`).
+    unsafe { entry::irecv(recv_comm, n, data, sizes, tags, mhandles, phandles, request) }
 }

@@ -53,9 +53,10 @@ pub(super) unsafe extern "C" fn net_init_v11(
     comm_id: u64,
     config: *mut ncclNetCommConfig_v11_t,
     logger: ncclDebugLogger_t,
-    _profiler: ncclProfilerCallback_t,
+    profiler: ncclProfilerCallback_t,
 ) -> ncclResult_t {
     super::logger::set(logger);
+    super::profiler::install(profiler);
     entry("init", || {
         // SAFETY: NCCL passes a pointer to its context slot (checked for NULL).
         let out = unsafe { Out::new(ctx, "ctx") }?;

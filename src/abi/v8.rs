@@ -2,6 +2,7 @@
 //! (the ports of a NIC are fused at init, [`DeviceModel::Fused`]).
 
 use std::ffi::{c_int, c_void};
+use std::ptr;
 
 use super::entry::{
     self, Properties, net_accept, net_close_listen, net_close_recv, net_close_send, net_dereg_mr,
@@ -86,7 +87,17 @@ pub(super) unsafe extern "C" fn net_isend_v8(
 ) -> ncclResult_t {
     let size = non_negative(size, "size");
     // SAFETY: forwarded from NCCL (see `entry::isend`).
-    unsafe { entry::isend(send_comm, data, size, tag, mhandle, request) }
+    unsafe {
+        entry::isend(
+            send_comm,
+            data,
+            size,
+            tag,
+            mhandle,
+            ptr::null_mut(),
+            request,
+        )
+    }
 }
 
 pub(super) unsafe extern "C" fn net_irecv_v8(
@@ -99,5 +110,16 @@ pub(super) unsafe extern "C" fn net_irecv_v8(
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     // SAFETY: forwarded from NCCL (see `entry::irecv`).
-    unsafe { entry::irecv(recv_comm, n, data, sizes, tags, mhandles, request) }
+    unsafe {
+        entry::irecv(
+            recv_comm,
+            n,
+            data,
+            sizes,
+            tags,
+            mhandles,
+            ptr::null_mut(),
+            request,
+        )
+    }
 }

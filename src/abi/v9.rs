@@ -2,6 +2,7 @@
 //! `makeVDevice` ([`DeviceModel::Ports`]), and v9 properties (`forceFlush`, `vProps`, sizes).
 
 use std::ffi::{c_int, c_void};
+use std::ptr;
 
 use super::entry::{
     self, Properties, net_accept, net_close_listen, net_close_recv, net_close_send, net_dereg_mr,
@@ -73,7 +74,17 @@ pub(super) unsafe extern "C" fn net_isend_v9(
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     // SAFETY: forwarded from NCCL (see `entry::isend`).
-    unsafe { entry::isend(send_comm, data, Ok(size as u64), tag, mhandle, request) }
+    unsafe {
+        entry::isend(
+            send_comm,
+            data,
+            Ok(size as u64),
+            tag,
+            mhandle,
+            ptr::null_mut(),
+            request,
+        )
+    }
 }
 
 pub(super) unsafe extern "C" fn net_irecv_v9(
@@ -86,7 +97,18 @@ pub(super) unsafe extern "C" fn net_irecv_v9(
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     // SAFETY: forwarded from NCCL (see `entry::irecv`).
-    unsafe { entry::irecv(recv_comm, n, data, sizes, tags, mhandles, request) }
+    unsafe {
+        entry::irecv(
+            recv_comm,
+            n,
+            data,
+            sizes,
+            tags,
+            mhandles,
+            ptr::null_mut(),
+            request,
+        )
+    }
 }
 
 /// v9 to v11's `makeVDevice` (at most four members).

@@ -988,6 +988,31 @@ impl Post {
             Self::Sizes { qp, .. } | Self::Eager { qp, .. } => *qp,
         }
     }
+
+    /// The message slot the post completes or describes; `None` for a plain payload write,
+    /// which goes with one that names it.
+    pub fn message_slot(&self) -> Option<usize> {
+        match self {
+            Self::Write(_) => None,
+            Self::WriteImm { slot, .. } | Self::Sizes { slot, .. } | Self::Eager { slot, .. } => {
+                Some(*slot)
+            }
+        }
+    }
+}
+
+/// The bytes one send request carries on one QP of its message (for the profiler's QP events).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct QpShare {
+    /// The send's request index.
+    pub req: usize,
+    /// The QP.
+    pub qp: usize,
+    /// Bytes of the send on that QP (clamped to the receive, as written).
+    pub len: u64,
+    /// Written by the message's write-with-immediate on that QP (a single receive's message);
+    /// otherwise by a plain write before it.
+    pub with_imm: bool,
 }
 
 /// What `isend` accepted.
@@ -1859,6 +1884,45 @@ impl SendSide {
                     .then(|| r.entry_of(req))
                     .flatten()
                     .map(|e| r.sends[e].0.size)
+            }
+        }
+    }
+
+    /// What each send of the message in `slot` carries on each QP, once its writes were
+    /// handed out: the eager message's one write, or each matched send's chunk on every QP
+    /// the message uses (as [`Self::isend`] laid them out). Empty for a slot with nothing
+    /// posted.
+    pub fn qp_shares(&self, slot: usize) -> Vec<QpShare> {
+        let Some(Some(s)) = self.slots.get(slot) else {
+            return Vec::new();
+        };
+        match s.state {
+            SlotState::Eager { req, buf, .. } => vec![QpShare {
+                req,
+                qp: self.layout.qps_for(s.seq, buf.size).start,
+                len: buf.size,
+                with_imm: true,
+            }],
+            SlotState::Rendezvous => {
+                let r = &self.rendezvous[slot];
+                if !r.posted {
+                    return Vec::new();
+                }
+                let n = r.cts.len();
+                let capacity = capacity(r.cts.iter().map(|c| c.size));
+                let with_imm = !self.layout.uses_sizes_ring(n, capacity);
+                let qps = self.layout.qps_for(s.seq, capacity);
+                let used = qps.len();
+                qps.enumerate()
+                    .flat_map(|(pos, qp)| {
+                        r.sends[..n].iter().map(move |&(buf, req)| QpShare {
+                            req,
+                            qp,
+                            len: Layout::chunk(buf.size, pos, used).1,
+                            with_imm,
+                        })
+                    })
+                    .collect()
             }
         }
     }

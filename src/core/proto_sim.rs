@@ -481,6 +481,62 @@ fn grouped_receive_matches_sends_by_tag_in_any_order() {
     }
 }
 
+/// The profiler's QP events (one per send per QP, as NCCL's transport reports): what each send
+/// of a message carries on each QP, once the message's writes are out.
+#[test]
+fn qp_shares_name_each_sends_bytes_on_each_qp() {
+    let slot_of_posts = |a: &Accepted| a.posts.iter().find_map(Post::message_slot).unwrap();
+    // One send split over two QPs: two shares whose lengths add up to the message.
+    let mut p = Pair::new(2, true);
+    p.irecv(&[rbuf(0, 1 << 20, 1)]).unwrap();
+    let a = p.isend(sbuf(0, 1 << 20, 1)).unwrap().unwrap();
+    let shares = p.send.qp_shares(slot_of_posts(&a));
+    assert_eq!(shares.iter().map(|s| s.qp).collect::<Vec<_>>(), [0, 1]);
+    assert!(shares.iter().all(|s| s.req == a.req));
+    assert_eq!(shares.iter().map(|s| s.len).sum::<u64>(), 1 << 20);
+
+    // A grouped receive: nothing until the last send matched, then each send's own bytes,
+    // written by plain writes (the sizes go through the sizes ring).
+    let mut p = Pair::new(1, false);
+    p.irecv(&[rbuf(0, 4096, 1), rbuf(4096, 4096, 2)]).unwrap();
+    let first = p.isend(sbuf(0, 100, 1)).unwrap().unwrap();
+    assert!(first.posts.is_empty());
+    assert!(p.send.qp_shares(0).is_empty(), "nothing posted yet");
+    let last = p.isend(sbuf(100, 300, 2)).unwrap().unwrap();
+    let shares = p.send.qp_shares(slot_of_posts(&last));
+    assert_eq!(
+        shares,
+        [
+            QpShare {
+                req: first.req,
+                qp: 0,
+                len: 100,
+                with_imm: false
+            },
+            QpShare {
+                req: last.req,
+                qp: 0,
+                len: 300,
+                with_imm: false
+            },
+        ]
+    );
+
+    // An eager message: its one write-with-immediate.
+    let mut p = Pair::eager(EAGER, 1);
+    let a = p.isend(sbuf(0, 64, 1)).unwrap().unwrap();
+    assert!(is_eager(&a));
+    assert_eq!(
+        p.send.qp_shares(slot_of_posts(&a)),
+        [QpShare {
+            req: a.req,
+            qp: 0,
+            len: 64,
+            with_imm: true
+        }]
+    );
+}
+
 #[test]
 fn tag_matching_no_unmatched_entry_is_retry_later() {
     let mut p = Pair::new(1, false);

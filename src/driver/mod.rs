@@ -20,6 +20,8 @@
 
 pub mod rendezvous;
 
+pub mod profiler;
+
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::path::Path;
 use std::ptr;
@@ -30,7 +32,7 @@ use crate::abi::types::{
     ncclNet_v8_t, ncclNet_v9_t, ncclNet_v10_t, ncclNet_v11_t, ncclNet_v12_t, ncclNetAttr_v11_t,
     ncclNetCommAttr_v11_t, ncclNetCommConfig_v10_t, ncclNetProperties_v8_t, ncclNetProperties_v9_t,
     ncclNetProperties_v11_t, ncclNetProperties_v12_t, ncclNetVDeviceProps_v9_t,
-    ncclNetVDeviceProps_v12_t, ncclResult_t,
+    ncclNetVDeviceProps_v12_t, ncclProfilerCallback_t, ncclResult_t,
 };
 pub use crate::abi::types::{NCCL_PTR_CUDA, NCCL_PTR_HOST};
 
@@ -151,6 +153,10 @@ pub struct LoadOptions {
     pub comm_id: u64,
     /// The communicator's traffic class, -1 for none.
     pub traffic_class: i32,
+    /// The profiler callback a v10+ `init` passes (NCCL's is never NULL); with one, `isend`
+    /// and `irecv` pass each buffer's address as its profiler handle (NCCL passes a handle of
+    /// its proxy step), so that the callback can tell the requests apart. None: NULL handles.
+    pub profiler: ncclProfilerCallback_t,
 }
 
 impl Default for LoadOptions {
@@ -159,6 +165,7 @@ impl Default for LoadOptions {
             version: None,
             comm_id: 0x5253_4942_0000_0001,
             traffic_class: NCCL_NET_TRAFFIC_CLASS_UNDEF,
+            profiler: None,
         }
     }
 }
@@ -452,6 +459,7 @@ impl Driver {
     /// The plugin's code.
     pub fn init_context(&self, comm_id: u64, traffic_class: i32) -> Result<Ptr, i32> {
         let logger: ncclDebugLogger_t = Some(rsib_driver_logger);
+        let profiler = self.options.profiler;
         let mut ctx: Ptr = ptr::null_mut();
         let mut config = ncclNetCommConfig_v10_t {
             trafficClass: traffic_class,
@@ -459,12 +467,24 @@ impl Driver {
         match self.table {
             Table::V8(p) => entry!(p, init, |f| f(logger)),
             Table::V9(p) => entry!(p, init, |f| f(logger)),
-            Table::V10(p) => entry!(p, init, |f| f(logger, None)),
+            Table::V10(p) => entry!(p, init, |f| f(logger, profiler)),
             Table::V11(p) => {
-                entry!(p, init, |f| f(&mut ctx, comm_id, &mut config, logger, None))
+                entry!(p, init, |f| f(
+                    &mut ctx,
+                    comm_id,
+                    &mut config,
+                    logger,
+                    profiler
+                ))
             }
             Table::V12(p) => {
-                entry!(p, init, |f| f(&mut ctx, comm_id, &mut config, logger, None))
+                entry!(p, init, |f| f(
+                    &mut ctx,
+                    comm_id,
+                    &mut config,
+                    logger,
+                    profiler
+                ))
             }
         }?;
         Ok(ctx)
@@ -673,18 +693,28 @@ impl Driver {
     ) -> Result<Ptr, i32> {
         let mut req = ptr::null_mut();
         let d = data.cast();
-        let none = ptr::null_mut();
+        let ph = self.phandle(d);
         match self.table {
             Table::V8(p) => {
                 let size = c_int::try_from(size).map_err(|_| UNSUPPORTED)?;
                 entry!(p, isend, |f| f(sc, d, size, tag, mh, &mut req))
             }
             Table::V9(p) => entry!(p, isend, |f| f(sc, d, size, tag, mh, &mut req)),
-            Table::V10(p) => entry!(p, isend, |f| f(sc, d, size, tag, mh, none, &mut req)),
-            Table::V11(p) => entry!(p, isend, |f| f(sc, d, size, tag, mh, none, &mut req)),
-            Table::V12(p) => entry!(p, isend, |f| f(sc, d, size, tag, mh, none, &mut req)),
+            Table::V10(p) => entry!(p, isend, |f| f(sc, d, size, tag, mh, ph, &mut req)),
+            Table::V11(p) => entry!(p, isend, |f| f(sc, d, size, tag, mh, ph, &mut req)),
+            Table::V12(p) => entry!(p, isend, |f| f(sc, d, size, tag, mh, ph, &mut req)),
         }?;
         Ok(req)
+    }
+
+    /// The profiler handle passed with the buffer at `data`: its address with a profiler,
+    /// else NULL.
+    fn phandle(&self, data: Ptr) -> Ptr {
+        if self.options.profiler.is_some() {
+            data
+        } else {
+            ptr::null_mut()
+        }
     }
 
     /// One `irecv` call (NULL = not now), with `*request` preset as NCCL does: the `0x1`
@@ -723,6 +753,7 @@ impl Driver {
         let mut phandles = [ptr::null_mut(); MAX_RECV_BUFFERS];
         for (i, b) in bufs.iter().enumerate() {
             (data[i], sizes[i], tags[i], mhs[i]) = (b.0.cast(), b.1, b.2, b.3);
+            phandles[i] = self.phandle(data[i]);
         }
         let mut req = preset;
         let n = c_int::try_from(bufs.len()).unwrap_or(c_int::MAX);

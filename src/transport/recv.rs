@@ -16,6 +16,7 @@ use super::conn::{
 };
 use super::held::{self, PostQueue};
 use super::mr::MrHandle;
+use super::profile::{Events, Parent, QpEvent};
 use super::watch::{ClientProgress, PeerState, Tend, Tick, Watched};
 use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
@@ -104,6 +105,8 @@ struct RecvState {
     quiet_wait: Option<QuietWait>,
     /// The client's own progress, which the watcher need not repeat.
     client: ClientProgress,
+    /// The profiler's QP events, when one is installed.
+    events: Option<Events>,
 }
 
 /// The wait of quiet receives since the latest eager arrival. The clock is read only every
@@ -296,6 +299,7 @@ impl RecvComm {
                 flushes: vec![FlushSlot::Free; SLOTS],
                 quiet_wait: None,
                 client: ClientProgress::default(),
+                events: Events::new(SLOTS),
             }),
         };
         Ok((comm, hello))
@@ -364,7 +368,8 @@ impl RecvComm {
     }
 
     /// Post a (grouped) receive of buffers checked by [`MrHandle::recv_buf`]; `Ok(None)` when
-    /// every slot is busy. Returns the request index.
+    /// every slot is busy. Returns the request index. The profiler's events of buffer `i` go
+    /// under `parents[i]` (NCCL's `phandles`).
     ///
     /// # Safety
     /// Each buffer must stay valid and writable until `test` reports the request done.
@@ -372,7 +377,11 @@ impl RecvComm {
     /// # Errors
     /// A failed comm's error; `Misuse` for a bad group.
     #[inline(always)]
-    pub unsafe fn irecv(&self, bufs: &[RecvBuf]) -> Result<Option<usize>> {
+    pub unsafe fn irecv(
+        &self,
+        bufs: &[RecvBuf],
+        parents: &[Option<Parent>],
+    ) -> Result<Option<usize>> {
         // Answers held on other comms go now; this comm's may join this one's in one write.
         held::flush_all_but(&self.answers);
         let mut st = self.state.lock();
@@ -394,6 +403,9 @@ impl RecvComm {
             }
             return Ok(None);
         };
+        if let Some(events) = &mut st.events {
+            events.begin(cts.slot, parents.iter().copied());
+        }
         // SAFETY: forwarded from this function's contract (the copy's destination is one of
         // `bufs`).
         let written = unsafe { self.answer(&mut st, &cts, bufs) }
@@ -470,6 +482,9 @@ impl RecvComm {
         for q in cts.recvs.clone() {
             self.qps.qps[q].post_recv(WR_RECV)?;
         }
+        if let Some(events) = &mut st.events {
+            self.start_events(events, layout, cts, bufs);
+        }
         if let Some(copy) = cts.copy {
             // SAFETY: forwarded from this function's contract.
             unsafe { self.copy_eager(layout, copy) };
@@ -531,6 +546,25 @@ impl RecvComm {
                     b.push_merged(&write(0, n, signaled))
                 }
             })
+        }
+    }
+
+    /// Start the profiler's events of the receives `cts` posted: one per QP for each buffer of
+    /// the receive, as NCCL's transport reports them (an eager message copied at once took no
+    /// receive of its own, and reports none).
+    #[cold]
+    fn start_events(&self, events: &mut Events, layout: Layout, cts: &CtsPost, bufs: &[RecvBuf]) {
+        for q in cts.recvs.clone() {
+            for (i, buf) in bufs.iter().enumerate() {
+                let event = QpEvent {
+                    member: layout.local_member(q),
+                    wr_id: WR_RECV,
+                    with_imm: true,
+                    qp_num: self.qps.qps[q].qpn(),
+                    length: buf.size,
+                };
+                events.start(cts.slot, i, &event);
+            }
         }
     }
 
@@ -652,6 +686,9 @@ impl RecvComm {
             }
             Finished::Recv(done) => done,
         };
+        if let Some(events) = &mut st.events {
+            events.finish(index);
+        }
         let sizes = if done.ringed {
             let raw: [u8; SIZES_SLOT_BYTES] = self.sizes_ring.read(index * SIZES_SLOT_BYTES);
             raw.chunks_exact(8)

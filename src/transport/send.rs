@@ -16,6 +16,7 @@ use super::conn::{
 };
 use super::held::{Builder, PostQueue};
 use super::mr::MrHandle;
+use super::profile::{Events, Parent, QpEvent};
 use super::watch::{ClientProgress, Tend, Tended, Tick, Watched};
 use super::wire_io::HandshakeStream;
 use crate::core::config::MAX_FUSED_MEMBERS;
@@ -286,6 +287,7 @@ impl Connecting {
                 failed: Failure::default(),
                 completed_any: false,
                 client: ClientProgress::default(),
+                events: Events::new(SEND_REQUESTS),
             }),
         })
     }
@@ -298,6 +300,8 @@ struct SendState {
     completed_any: bool,
     /// The client's own progress, which the watcher need not repeat.
     client: ClientProgress,
+    /// The profiler's QP events, when one is installed.
+    events: Option<Events>,
 }
 
 /// A connected send comm. `isend`/`test` come from NCCL's progress thread; the lock only guards
@@ -338,7 +342,8 @@ impl SendComm {
     }
 
     /// Start sending `size` bytes at `addr`; `Ok(None)` until the receiver posted a buffer with
-    /// this tag in the message at the head of the CTS ring. Returns the request index.
+    /// this tag in the message at the head of the CTS ring. Returns the request index. The
+    /// profiler's events of its writes go under `parent` (NCCL's `phandle`).
     ///
     /// # Safety
     /// `addr..addr + size` must stay valid and unchanged until `test` reports the request done
@@ -352,6 +357,7 @@ impl SendComm {
         size: u64,
         tag: i32,
         mr: &MrHandle,
+        parent: Option<Parent>,
     ) -> Result<Option<usize>> {
         check_message_size(size, "a send")?;
         mr.check(addr, size)?;
@@ -376,6 +382,11 @@ impl SendComm {
             // SAFETY: the payload is NCCL's, unchanged until test() reports done (this
             // function's contract).
             let posted = unsafe { self.post_one(&single.post) };
+            self.report_posts(
+                &mut st,
+                Some((single.req, parent)),
+                std::slice::from_ref(&single.post),
+            );
             return posted
                 .map(|()| Some(single.req))
                 .map_err(|e| st.failed.record(e));
@@ -394,6 +405,7 @@ impl SendComm {
         }
         // SAFETY: as above.
         let posted = unsafe { self.post(&accepted.posts, false) };
+        self.report_posts(&mut st, Some((accepted.req, parent)), &accepted.posts);
         st.proto.recycle(accepted.posts);
         if let Err(e) = posted {
             return Err(st.failed.record(e));
@@ -465,6 +477,7 @@ impl SendComm {
                 // SAFETY: the posts carry sends NCCL keeps unchanged until test() reports them
                 // done (isend's contract).
                 let held = unsafe { self.post(&posts, true) };
+                self.report_posts(st, None, &posts);
                 st.proto.recycle(posts);
                 if let Err(e) = held {
                     break Err(e);
@@ -500,6 +513,9 @@ impl SendComm {
         };
         if done.is_some() {
             st.proto.release(index);
+            if let Some(events) = &mut st.events {
+                events.finish(index);
+            }
             return Ok(done);
         }
         if let Err(e) = self.check_alive() {
@@ -757,6 +773,58 @@ impl SendComm {
 
     fn progress(&self, st: &mut SendState) -> Result<()> {
         self.qps.drain(|_, c| self.handle(st, c))
+    }
+
+    /// For the profiler, when one is installed: the send `begun` (its request and NCCL's
+    /// parent handle), then the sends whose writes `posts` hand out.
+    #[inline(always)]
+    fn report_posts(
+        &self,
+        st: &mut SendState,
+        begun: Option<(usize, Option<Parent>)>,
+        posts: &[Post],
+    ) {
+        if let SendState {
+            proto,
+            events: Some(events),
+            ..
+        } = st
+        {
+            if let Some((req, parent)) = begun {
+                events.begin(req, [parent]);
+            }
+            self.start_events(proto, events, posts);
+        }
+    }
+
+    /// Start the profiler's events of the sends whose writes `posts` hand out, once per send:
+    /// one per QP carrying its bytes, as NCCL's transport reports each send's work request.
+    #[cold]
+    fn start_events(&self, proto: &SendSide, events: &mut Events, posts: &[Post]) {
+        let mut slots = posts
+            .iter()
+            .filter_map(Post::message_slot)
+            .collect::<Vec<_>>();
+        slots.dedup();
+        for slot in slots {
+            let mut shares = proto.qp_shares(slot);
+            // A send whose events started with an earlier post (written again) has none new.
+            shares.retain(|share| !events.started(share.req));
+            for share in shares {
+                let event = QpEvent {
+                    member: self.layout.local_member(share.qp),
+                    wr_id: if share.with_imm {
+                        WR_SEND_DONE | slot as u64
+                    } else {
+                        WR_DATA
+                    },
+                    with_imm: share.with_imm,
+                    qp_num: self.qps.qps[share.qp].qpn(),
+                    length: share.len,
+                };
+                events.start(share.req, 0, &event);
+            }
+        }
     }
 
     /// Progress without a request to poll: completions, then the answers and credit, which

@@ -5,7 +5,9 @@
 use std::ffi::c_void;
 use std::time::Instant;
 
+use nccl_net::abi::types::{NCCL_PROFILE_QP, NCCL_PROFILER_NET_IB_VER, NCCL_PROFILER_NET_TYPE_IB};
 use nccl_net::core::proto::MAX_MESSAGE_BYTES;
+use nccl_net::driver::profiler::{self, Call};
 use nccl_net::driver::{CommAttr, NetAttr, UNSUPPORTED};
 
 use crate::support::net::{fill_pattern_at, pattern, pattern_at};
@@ -97,6 +99,151 @@ fn communicator_traffic_class_reaches_the_qps(cx: &mut Cx) {
         println!("EXPECT_STDERR send comm connected: ");
     }
     println!("EXPECT_STDERR {expected}");
+}
+
+/// The environment of `profiler_reports_each_requests_qp_events` through v10 and v12.
+const PROFILED_V10: &[(&str, &str)] = &[
+    ("RSIB_TEST_ABI", "10"),
+    ("RSIB_TEST_PROFILER", "1"),
+    ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+    ("NCCL_IB_SPLIT_DATA_ON_QPS", "1"),
+    ("NCCL_NET_RS_EAGER_BYTES", "0"),
+];
+const PROFILED_V12: &[(&str, &str)] = &[
+    ("RSIB_TEST_ABI", "12"),
+    ("RSIB_TEST_PROFILER", "1"),
+    ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+    ("NCCL_IB_SPLIT_DATA_ON_QPS", "1"),
+    ("NCCL_NET_RS_EAGER_BYTES", "0"),
+];
+
+/// Sizes of the single messages of `profiler_reports_each_requests_qp_events`.
+const PROFILED: [usize; 4] = [1, 4096, 65_536 + 3, 1 << 20];
+
+/// v10+: the QP events NCCL's IB transport reports through the profiler callback (net_ib/p2p.cc,
+/// built with NCCL_ENABLE_NET_PROFILING): for each request, one event per QP that carries its
+/// bytes (a send's write, a receive's posted receive), under the `phandle` passed with it, with an
+/// IB descriptor (plugin id IB | 1), stopped when `test` reports the request done. Two QPs with
+/// split data, so every request has an event on each; eager messages off, so that every receive
+/// posts its own.
+fn profiler_reports_each_requests_qp_events(cx: &mut Cx) {
+    // The sender's payloads; the receiver's buffers start zeroed.
+    let payload = |size: usize| pattern(size as u64, size);
+    let mut bufs: Vec<Vec<u8>> = PROFILED
+        .iter()
+        .chain(&[4096, 4096])
+        .map(|&size| {
+            if cx.rank == 0 {
+                vec![0; size]
+            } else {
+                payload(size)
+            }
+        })
+        .collect();
+    let comm = if cx.rank == 0 {
+        cx.accept_pair()
+    } else {
+        cx.connect_pair()
+    };
+    let mhs: Vec<_> = bufs.iter_mut().map(|b| cx.net.reg_mr(comm, b)).collect();
+    let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
+    // The single messages, then two sends of 100 and 300 bytes into one grouped receive.
+    let grouped = [(4, 100, 2), (5, 300, 3)];
+    let mut sent = PROFILED.to_vec();
+    sent.extend(grouped.map(|(_, size, _)| size));
+    if cx.rank == 0 {
+        for (i, &size) in PROFILED.iter().enumerate() {
+            let r = cx.net.irecv(comm, &[(ptrs[i], size, 1, mhs[i])]);
+            assert_eq!(cx.net.wait(r)[0], size as i32);
+        }
+        let group = grouped.map(|(i, _, tag)| (ptrs[i], 4096, tag, mhs[i]));
+        let r = cx.net.irecv(comm, &group);
+        assert_eq!(cx.net.wait(r)[..2], [100, 300]);
+        for (i, (buf, &n)) in bufs.iter().zip(&sent).enumerate() {
+            assert!(buf[..n] == payload(buf.len())[..n], "buffer {i}'s bytes");
+        }
+    } else {
+        for (i, &size) in PROFILED.iter().enumerate() {
+            let s = cx.net.isend(comm, ptrs[i], size, 1, mhs[i]);
+            cx.net.wait(s);
+        }
+        // A grouped message goes once every send of it was posted.
+        let sends = grouped.map(|(i, size, tag)| cx.net.isend(comm, ptrs[i], size, tag, mhs[i]));
+        for (s, (_, size, _)) in sends.into_iter().zip(grouped) {
+            assert_eq!(cx.net.wait(s)[0], size as i32);
+        }
+    }
+    let calls = profiler::take();
+    let starts: Vec<_> = calls
+        .iter()
+        .enumerate()
+        .filter_map(|(at, c)| match *c {
+            Call::Start {
+                handle,
+                parent,
+                plugin_id,
+                descr,
+            } => Some((at, handle, parent, plugin_id, descr)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        starts.len(),
+        2 * ptrs.len(),
+        "two QPs per request: {calls:#?}"
+    );
+    for &(at, handle, _, plugin_id, descr) in &starts {
+        assert_eq!(
+            plugin_id,
+            NCCL_PROFILER_NET_TYPE_IB | NCCL_PROFILER_NET_IB_VER
+        );
+        assert_eq!((descr.type_, descr.qp.device), (NCCL_PROFILE_QP, 0));
+        assert!(descr.qp.qpNum > 0, "{descr:?}");
+        let stops: Vec<usize> = (0..calls.len())
+            .filter(|&i| calls[i] == Call::Stop { handle })
+            .collect();
+        assert!(
+            stops.len() == 1 && stops[0] > at,
+            "event {handle} stopped once, after its start: {calls:#?}"
+        );
+    }
+    for (i, ptr) in ptrs.iter().enumerate() {
+        let mine: Vec<_> = starts
+            .iter()
+            .filter(|s| s.2 == ptr.addr())
+            .map(|s| s.4.qp)
+            .collect();
+        assert_eq!(mine.len(), 2, "buffer {i}: one event per QP: {calls:#?}");
+        assert_ne!(mine[0].qpNum, mine[1].qpNum, "buffer {i}: two QPs");
+        if cx.rank == 0 {
+            // A posted receive: the buffer's size, taken by a write-with-immediate.
+            assert!(
+                mine.iter()
+                    .all(|q| q.length == bufs[i].len() && q.opcode == 1),
+                "buffer {i}: {mine:?}"
+            );
+        } else {
+            assert_eq!(
+                mine.iter().map(|q| q.length).sum::<usize>(),
+                sent[i],
+                "buffer {i}: its bytes over both QPs: {mine:?}"
+            );
+            // The grouped message's sizes go through the sizes ring: its sends are plain writes.
+            let expected: &[i32] = if i >= PROFILED.len() { &[0] } else { &[0, 1] };
+            assert!(
+                mine.iter().all(|q| expected.contains(&q.opcode)),
+                "buffer {i}: {mine:?}"
+            );
+        }
+    }
+    for (&mh, _) in mhs.iter().zip(&bufs) {
+        cx.net.dereg_mr(comm, mh);
+    }
+    if cx.rank == 0 {
+        cx.net.close_recv(comm);
+    } else {
+        cx.net.close_send(comm);
+    }
 }
 
 /// v11+: one context per communicator; the process state lives until the last is finalized,
@@ -445,6 +592,18 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
                  (NCCL_IB_FIFO_TC; the sender's is 106)",
             ),
         ]],
+    },
+    Scenario {
+        name: "v10/profiler_reports_each_requests_qp_events",
+        ranks: 2,
+        run: profiler_reports_each_requests_qp_events,
+        env: &[PROFILED_V10],
+    },
+    Scenario {
+        name: "v12/profiler_reports_each_requests_qp_events",
+        ranks: 2,
+        run: profiler_reports_each_requests_qp_events,
+        env: &[PROFILED_V12],
     },
     Scenario {
         name: "v11/contexts_come_and_go_with_communicators",

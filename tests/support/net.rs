@@ -29,14 +29,18 @@ pub struct Net(pub Driver);
 
 impl Net {
     /// Load through `RSIB_TEST_ABI`, with the communicator traffic class `RSIB_TEST_TC` (-1 when
-    /// unset): v10 passes it to connect, v11+ to init.
+    /// unset): v10 passes it to connect, v11+ to init; with `RSIB_TEST_PROFILER` set, v10+
+    /// `init` gets the recording profiler callback (`nccl_net::driver::profiler`).
     pub fn load(path: &Path) -> Self {
         let traffic_class = std::env::var("RSIB_TEST_TC").map_or(-1, |v| v.parse().unwrap());
+        let profiler =
+            std::env::var_os("RSIB_TEST_PROFILER").map(|_| nccl_net::driver::profiler::record as _);
         Self::load_with(
             path,
             LoadOptions {
                 version: test_abi(),
                 traffic_class,
+                profiler,
                 ..LoadOptions::default()
             },
         )
