@@ -502,7 +502,7 @@ pub(super) unsafe fn irecv(
 
 /// NCCL's profiler handle of a request (`phandle`), when it passed one.
 fn parent(phandle: *mut c_void) -> Option<Parent> {
-    (!phandle.is_null()).then(|| Parent(phandle.expose_provenance()))
+    std::num::NonZeroUsize::new(phandle.expose_provenance()).map(Parent)
 }
 
 /// Buffer `i` of an `irecv`'s arrays, checked against its registration. Inlined at both of

@@ -54,7 +54,7 @@ impl Sink for NcclProfiler {
             (self.0)(
                 &raw mut handle,
                 NCCL_PROFILER_NET_EVENT_START,
-                ptr::with_exposed_provenance_mut(parent.0),
+                ptr::with_exposed_provenance_mut(parent.0.get()),
                 NCCL_PROFILER_NET_TYPE_IB | NCCL_PROFILER_NET_IB_VER,
                 (&raw mut descr).cast(),
             )

@@ -6,12 +6,14 @@
 //! when `test` reports the request done. Nothing is reported without an installed profiler
 //! (ncclNet v8 and v9, or a NULL callback) or for a request NCCL passed no parent with.
 
+use std::num::NonZeroUsize;
 use std::sync::OnceLock;
 
 /// An opaque handle of NCCL's, passed with a request (`phandle`): the event's parent. Kept as an
-/// address; only the profiler callback reads it.
+/// address (never NULL, so that an `Option<Parent>` is one word on the data path); only the
+/// profiler callback reads it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct Parent(pub usize);
+pub struct Parent(pub NonZeroUsize);
 
 /// The handle the profiler gave a started event.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -89,6 +91,8 @@ impl Events {
     }
 
     /// Request `req` began, with NCCL's `parents` (one per buffer; a NULL one reports nothing).
+    #[cold]
+    #[inline(never)]
     pub(super) fn begin(&mut self, req: usize, parents: impl IntoIterator<Item = Option<Parent>>) {
         if let Some(r) = self.requests.get_mut(req) {
             r.parents.clear();
@@ -104,6 +108,8 @@ impl Events {
     }
 
     /// Start `event` for buffer `buffer` of request `req`.
+    #[cold]
+    #[inline(never)]
     pub(super) fn start(&mut self, req: usize, buffer: usize, event: &QpEvent) {
         let Some(r) = self.requests.get_mut(req) else {
             return;
@@ -117,6 +123,8 @@ impl Events {
     }
 
     /// Request `req` is done: stop its events.
+    #[cold]
+    #[inline(never)]
     pub(super) fn finish(&mut self, req: usize) {
         if let Some(r) = self.requests.get_mut(req) {
             for handle in r.open.drain(..) {
@@ -144,13 +152,17 @@ mod tests {
         fn start(&self, parent: Parent, event: &QpEvent) -> Option<EventHandle> {
             let mut started = self.started.lock().unwrap();
             let handle = 100 + started.len();
-            started.push((parent.0, event.length, handle));
+            started.push((parent.0.get(), event.length, handle));
             Some(EventHandle(handle))
         }
 
         fn stop(&self, event: EventHandle) {
             self.stopped.lock().unwrap().push(event.0);
         }
+    }
+
+    fn parent(addr: usize) -> Option<Parent> {
+        NonZeroUsize::new(addr).map(Parent)
     }
 
     fn event(length: u64) -> QpEvent {
@@ -167,7 +179,7 @@ mod tests {
     fn events_start_under_their_buffers_parent_and_stop_when_the_request_is_done() {
         let sink: &'static Recorder = Box::leak(Box::default());
         let mut events = Events::reporting_to(sink, 4);
-        events.begin(2, [Some(Parent(0xa0)), None, Some(Parent(0xc0))]);
+        events.begin(2, [parent(0xa0), None, parent(0xc0)]);
         assert!(!events.started(2));
         events.start(2, 0, &event(10));
         events.start(2, 1, &event(20)); // NCCL passed no parent: nothing reported
@@ -185,7 +197,7 @@ mod tests {
         );
         assert_eq!(*sink.stopped.lock().unwrap(), [100, 101]);
         // The index is reused by the next request, under its own parent.
-        events.begin(2, [Some(Parent(0xd0))]);
+        events.begin(2, [parent(0xd0)]);
         assert!(!events.started(2));
     }
 }

@@ -382,11 +382,13 @@ impl SendComm {
             // SAFETY: the payload is NCCL's, unchanged until test() reports done (this
             // function's contract).
             let posted = unsafe { self.post_one(&single.post) };
-            self.report_posts(
-                &mut st,
-                Some((single.req, parent)),
-                std::slice::from_ref(&single.post),
-            );
+            if st.events.is_some() {
+                self.report_posts(
+                    &mut st,
+                    Some((single.req, parent)),
+                    std::slice::from_ref(&single.post),
+                );
+            }
             return posted
                 .map(|()| Some(single.req))
                 .map_err(|e| st.failed.record(e));
@@ -405,7 +407,9 @@ impl SendComm {
         }
         // SAFETY: as above.
         let posted = unsafe { self.post(&accepted.posts, false) };
-        self.report_posts(&mut st, Some((accepted.req, parent)), &accepted.posts);
+        if st.events.is_some() {
+            self.report_posts(&mut st, Some((accepted.req, parent)), &accepted.posts);
+        }
         st.proto.recycle(accepted.posts);
         if let Err(e) = posted {
             return Err(st.failed.record(e));
@@ -477,7 +481,9 @@ impl SendComm {
                 // SAFETY: the posts carry sends NCCL keeps unchanged until test() reports them
                 // done (isend's contract).
                 let held = unsafe { self.post(&posts, true) };
-                self.report_posts(st, None, &posts);
+                if st.events.is_some() {
+                    self.report_posts(st, None, &posts);
+                }
                 st.proto.recycle(posts);
                 if let Err(e) = held {
                     break Err(e);
@@ -777,7 +783,8 @@ impl SendComm {
 
     /// For the profiler, when one is installed: the send `begun` (its request and NCCL's
     /// parent handle), then the sends whose writes `posts` hand out.
-    #[inline(always)]
+    #[cold]
+    #[inline(never)]
     fn report_posts(
         &self,
         st: &mut SendState,
