@@ -86,18 +86,9 @@ pub(super) unsafe extern "C" fn net_isend_v8(
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     let size = non_negative(size, "size");
-    // SAFETY: forwarded from NCCL (see `entry::isend`).
-    unsafe {
-        entry::isend(
-            send_comm,
-            data,
-            size,
-            tag,
-            mhandle,
-            ptr::null_mut(),
-            request,
-        )
-    }
+    let none = ptr::null_mut();
+    // SAFETY: forwarded from NCCL (see `entry::isend`); no profiler handle before v10.
+    unsafe { entry::isend(send_comm, data, size, tag, mhandle, none, request) }
 }
 
 pub(super) unsafe extern "C" fn net_irecv_v8(
@@ -109,17 +100,7 @@ pub(super) unsafe extern "C" fn net_irecv_v8(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    // SAFETY: forwarded from NCCL (see `entry::irecv`).
-    unsafe {
-        entry::irecv(
-            recv_comm,
-            n,
-            data,
-            sizes,
-            tags,
-            mhandles,
-            ptr::null_mut(),
-            request,
-        )
-    }
+    let none = ptr::null_mut();
+    // SAFETY: forwarded from NCCL (see `entry::irecv`); no profiler handles before v10.
+    unsafe { entry::irecv(recv_comm, n, data, sizes, tags, mhandles, none, request) }
 }

@@ -13,6 +13,7 @@ use super::types::{
     ncclNetVDeviceProps_v9_t, ncclResult_t,
 };
 use super::v8::{net_connect_v8, net_listen_v8};
+use super::v10::{net_irecv_v10, net_isend_v10};
 use crate::core::error::Result;
 use crate::plugin::DeviceModel;
 
@@ -65,6 +66,7 @@ pub(super) unsafe extern "C" fn net_get_properties_v9(
     unsafe { entry::get_properties(dev, props, properties_v9) }
 }
 
+/// v9's `isend`: v10's without a profiler handle.
 pub(super) unsafe extern "C" fn net_isend_v9(
     send_comm: *mut c_void,
     data: *mut c_void,
@@ -73,20 +75,12 @@ pub(super) unsafe extern "C" fn net_isend_v9(
     mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    // SAFETY: forwarded from NCCL (see `entry::isend`).
-    unsafe {
-        entry::isend(
-            send_comm,
-            data,
-            Ok(size as u64),
-            tag,
-            mhandle,
-            ptr::null_mut(),
-            request,
-        )
-    }
+    let none = ptr::null_mut();
+    // SAFETY: forwarded from NCCL (see `entry::isend`); no profiler handle before v10.
+    unsafe { net_isend_v10(send_comm, data, size, tag, mhandle, none, request) }
 }
 
+/// v9's `irecv`: v10's without profiler handles.
 pub(super) unsafe extern "C" fn net_irecv_v9(
     recv_comm: *mut c_void,
     n: c_int,
@@ -96,19 +90,9 @@ pub(super) unsafe extern "C" fn net_irecv_v9(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    // SAFETY: forwarded from NCCL (see `entry::irecv`).
-    unsafe {
-        entry::irecv(
-            recv_comm,
-            n,
-            data,
-            sizes,
-            tags,
-            mhandles,
-            ptr::null_mut(),
-            request,
-        )
-    }
+    let none = ptr::null_mut();
+    // SAFETY: forwarded from NCCL (see `entry::irecv`); no profiler handles before v10.
+    unsafe { net_irecv_v10(recv_comm, n, data, sizes, tags, mhandles, none, request) }
 }
 
 /// v9 to v11's `makeVDevice` (at most four members).
