@@ -595,7 +595,11 @@ fn mtu_mismatch_between_the_veth_ends_warns_and_data_still_flows() {
 #[test]
 fn gid_family_mismatch_fails_on_both_ends_without_traffic() {
     let _vm = in_vm();
-    sh("ip -6 addr add fd00::1/64 dev veth0 nodad && sleep 1");
+    // rxe adds the GID on a netdev event, later than a second on a loaded host.
+    sh(
+        "ip -6 addr add fd00::1/64 dev veth0 nodad && timeout 30 sh -c \
+        'until grep -qs ^fd00: /sys/class/infiniband/rxe1/ports/1/gids/*; do sleep 0.1; done'",
+    );
     let _undo = Undo("ip -6 addr del fd00::1/64 dev veth0");
     let node = doctor(&["--json"], &[("NCCL_IB_ADDR_FAMILY", "AF_INET6")]);
     node.has("PASS", "roce.gid", "rxe1", "fd00::1 (RoCE v2, veth0)");

@@ -19,6 +19,30 @@ fn sh(script: &str) {
     assert!(status.success(), "`{script}` failed: {status}");
 }
 
+/// rxe1's GID of 127.0.1.1, as sysfs shows it.
+const RXE1_IPV4_GID: &str = "0000:0000:0000:0000:0000:ffff:7f00:0101";
+
+/// Wait until rxe1's GID `index` reads `gid`: rxe rebuilds its table from netdev events, which
+/// a loaded host delays past a second (a fixed `sleep 1` once failed this way, and its peer then
+/// waited for a handle that never came).
+fn wait_for_gid(index: u32, gid: &str) {
+    let path = format!("/sys/class/infiniband/rxe1/ports/1/gids/{index}");
+    let limit = Duration::from_secs(30);
+    let start = Instant::now();
+    loop {
+        let now = std::fs::read_to_string(&path).unwrap_or_default();
+        if now.trim() == gid {
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{path} still reads {:?} after {limit:?}, expected {gid}",
+            now.trim()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// NCCL's transport chooses a port's GID once and only warns on `IBV_EVENT_GID_CHANGE`, so a
 /// table that reorders (an address removed and added back, another taking its index) leaves
 /// every later connection on a stale index (NVIDIA/nccl#2157). Both ranks on rxe1: one
@@ -34,9 +58,9 @@ fn gid_table_reorder_is_followed_by_the_next_connection(cx: &mut Cx) {
         cx.net.close_recv(rc);
         sh(
             "ip addr del 127.0.1.1/32 dev veth0 && ip -6 addr add fd00::9/128 dev veth0 nodad \
-            && ip addr add 127.0.1.1/32 dev veth0 && sleep 1 \
-            && grep -q 0000:0000:0000:0000:0000:ffff:7f00:0101 /sys/class/infiniband/rxe1/ports/1/gids/2",
+            && ip addr add 127.0.1.1/32 dev veth0",
         );
+        wait_for_gid(2, RXE1_IPV4_GID);
         let (h, lc) = cx.net.listen(cx.dev);
         println!("HANDLE {}", hex(&h));
         std::io::stdout().flush().unwrap();
@@ -48,8 +72,9 @@ fn gid_table_reorder_is_followed_by_the_next_connection(cx: &mut Cx) {
         sh(
             "ip addr del 127.0.1.1/32 dev veth0 && ip -6 addr del fd00::9/128 dev veth0 \
             && ip addr add 127.0.1.1/32 dev veth0 \
-            && ip route replace 127.0.1.2/32 dev veth0 src 127.0.1.1 table 100 && sleep 1",
+            && ip route replace 127.0.1.2/32 dev veth0 src 127.0.1.1 table 100",
         );
+        wait_for_gid(1, RXE1_IPV4_GID);
         println!(
             "EXPECT_STDERR rxe1:1: after the GID table changed, connections use GID index 2 ::ffff:127.0.1.1"
         );
