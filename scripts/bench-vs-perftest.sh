@@ -9,7 +9,8 @@
 # usage: scripts/bench-vs-perftest.sh [--plugin PATH.so] [--against PATH.so [--preload LIB]]
 #          [--runs N] [--dev NAME] [--bytes BYTES] [--max BYTES] [--inflight N] [--bench PATH]
 #          [--recv-late | --recv-preposted] [--plugin-env VAR=VALUE]... [--json]
-#   --plugin   the plugin to measure (default: this repository's release build)
+#   --plugin   the plugin to measure (default: this repository's plugin as it ships,
+#              target/plugin/libnccl_net.so from scripts/build-plugin.sh)
 #   --against  a second plugin, measured the same way in the same run (any ncclNet v8..v12)
 #   --preload  LD_PRELOAD for the --against plugin's runs only (a .so, or a .c compiled here),
 #              e.g. ../shared/reference-plugin/realpath_rxe.c for the reference plugin on rxe
@@ -28,7 +29,7 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-plugin="$repo/target/release/libnccl_net.so"
+plugin="$repo/target/plugin/libnccl_net.so"
 bench="$repo/target/release/nccl-net-bench"
 to_bytes() { # 64K, 16M, 1G or a plain number
   case "$1" in
@@ -65,7 +66,7 @@ for tool in ib_write_bw ib_write_lat python3 "$bench"; do
   command -v "$tool" >/dev/null || { echo "bench-vs-perftest: $tool is missing" >&2; exit 2; }
 done
 for lib in "$plugin" ${against:+"$against"}; do
-  [ -f "$lib" ] || { echo "bench-vs-perftest: no plugin at $lib" >&2; exit 2; }
+  [ -f "$lib" ] || { echo "bench-vs-perftest: no plugin at $lib (scripts/build-plugin.sh builds this one)" >&2; exit 2; }
 done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

@@ -37,7 +37,7 @@ for run in $(seq "$runs"); do
   wait
   echo "run $run ib_write_bw    $mbps MB/s  [$before] -> [$(retries)]"
   before="$(retries)"
-  mbps="$("$repo/target/release/nccl-net-bench" --plugin "$repo/target/release/libnccl_net.so" \
+  mbps="$("$repo/target/release/nccl-net-bench" --plugin "$repo/target/plugin/libnccl_net.so" \
     --dev "$dev" --min "$size" --max "$size" --iters "$iters" --lat-iters 4 2>/dev/null |
     awk -v s="$size" '$1 == s { print $3 }')"
   echo "run $run nccl-net-bench $mbps MB/s  [$before] -> [$(retries)]"

@@ -2,9 +2,10 @@
 # Instructions per call of a plugin's data-path entry points (isend, irecv, test), counted by
 # callgrind over a ping-pong of nccl-net-bench (8-byte messages, or --size BYTES): what each
 # call costs in user space, independent of how fast the (emulated) CPU runs. Run it inside the
-# Soft-RoCE VM, once per plugin, after `cargo build --release --lib --bin nccl-net-bench`:
+# Soft-RoCE VM, once per plugin, after `cargo build --release --bin nccl-net-bench` and
+# `scripts/build-plugin.sh`:
 #
-#   scripts/rdma-vm.sh scripts/count-instructions.sh target/release/libnccl_net.so
+#   scripts/rdma-vm.sh scripts/count-instructions.sh target/plugin/libnccl_net.so
 #   scripts/rdma-vm.sh scripts/count-instructions.sh ../shared/reference-plugin/libnccl-net-mlnx.so \
 #     --preload ../shared/reference-plugin/realpath_rxe.c
 #

@@ -4,7 +4,7 @@
 # with one build in each process, each build once as the sender, bytes verified, and shows what
 # each side's log says about the eager path (negotiated off when either side lacks it).
 #
-#   cargo build --release --lib --bin nccl-net-bench
+#   cargo build --release --bin nccl-net-bench && scripts/build-plugin.sh
 #   scripts/interop.sh 559dbf1          # the last commit before the eager path
 #
 # Needs the repository's history (a shallow clone lacks older commits), so CI does not run it.
@@ -25,7 +25,7 @@ if [ "${1:-}" != "--in-vm" ]; then
 fi
 
 old=$2
-new="$root/target/release/libnccl_net.so"
+new="$root/target/plugin/libnccl_net.so"
 bench="$root/target/release/nccl-net-bench"
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT

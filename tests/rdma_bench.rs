@@ -24,7 +24,11 @@ fn bench(args: &[&str]) -> (bool, String, String) {
 /// A verified sweep on rxe0 with `args` (sizes, counts, modes), in JSON; fails the test with
 /// the benchmark's output when it fails (or hangs).
 fn verified_sweep(args: &[&str]) -> serde_json::Value {
-    let plugin = support::plugin_path();
+    verified_sweep_of(&support::plugin_path(), args)
+}
+
+/// [`verified_sweep`] of the plugin at `plugin`.
+fn verified_sweep_of(plugin: &std::path::Path, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["--plugin", plugin.to_str().unwrap(), "--dev", "rxe0"];
     all.extend_from_slice(args);
     all.extend(["--verify", "--json"]);
@@ -95,6 +99,30 @@ fn sweep_reports_every_size_with_verified_data() {
         assert!(row["bw_mb_per_s"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["lat_us"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["iters"].as_u64().unwrap() >= 32, "{row}");
+    }
+}
+
+/// The library as it ships (`scripts/build-plugin.sh`: the crate alone as a cdylib, with LTO,
+/// where every other suite loads the test build): every size from 8 B to 1 MiB in each
+/// ping-pong mode, bytes verified, through the eager path and rendezvous.
+#[test]
+fn the_shipped_build_moves_every_size_verified_in_each_mode() {
+    let plugin = support::shipped_plugin_path();
+    for mode in PING_MODES {
+        let mut args = vec![
+            "--min",
+            "8",
+            "--max",
+            "1M",
+            "--bytes",
+            "1M",
+            "--lat-iters",
+            "40",
+        ];
+        args.extend(mode);
+        let doc = verified_sweep_of(&plugin, &args);
+        assert_eq!(doc["name"], "RsIB", "{doc}");
+        verified_rows(&doc, 18, mode.unwrap_or("receives ahead"));
     }
 }
 

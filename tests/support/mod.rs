@@ -24,6 +24,20 @@ pub fn plugin_path() -> PathBuf {
     path
 }
 
+/// The plugin as it ships: `scripts/build-plugin.sh` leaves it in `<target>/plugin/` (the test
+/// binary runs from `<target>/<profile>/deps`); `scripts/test.sh` builds it in its install step.
+pub fn shipped_plugin_path() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let target = exe.ancestors().nth(3).unwrap();
+    let path = target.join("plugin").join("libnccl_net.so");
+    assert!(
+        path.exists(),
+        "{} is missing: build it with scripts/build-plugin.sh",
+        path.display()
+    );
+    path
+}
+
 /// Repository root (for `nccl-headers/` and `tests/c_host/`).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
