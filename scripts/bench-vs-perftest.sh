@@ -98,10 +98,16 @@ perftest() { # perftest TOOL SIZE ITERS -> the result line's fields
   local tool="$1" size="$2" iters="$3" port=$((18000 + RANDOM % 2000))
   "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -F -p "$port" >"$work/server" 2>&1 &
   local server=$!
+  # The server may take seconds to listen on a loaded host: the client retries while the server
+  # waits, for up to 60 s (a server that exited, e.g. after a failed run, ends it at once).
   local tries=0
   until "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -F -p "$port" 127.0.0.1 >"$work/client" 2>&1; do
     tries=$((tries + 1))
-    [ "$tries" -gt 50 ] && { kill "$server" 2>/dev/null; echo "$tool failed: $(tail -3 "$work/client")" >&2; return 1; }
+    if [ "$tries" -gt 300 ] || ! kill -0 "$server" 2>/dev/null; then
+      kill "$server" 2>/dev/null
+      echo "$tool failed: $(tail -3 "$work/client")" >&2
+      return 1
+    fi
     sleep 0.2
   done
   wait "$server" || true
