@@ -325,14 +325,11 @@ fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
         ("ib_write_bw_msgs_per_s", "msgs_vs_ib_write_bw"),
         ("ib_write_lat_us", "lat_vs_ib_write_lat"),
     ];
-    // Each figure in some row: on a loaded host single perftest runs fail (below), and once no
-    // row had all three.
-    for (figure, _) in perftest {
-        assert!(
-            rows.iter().any(|r| r[figure].is_f64()),
-            "{figure} in no row: {doc}"
-        );
-    }
+    let with_perftest = rows
+        .iter()
+        .filter(|r| perftest.iter().all(|(figure, _)| r[*figure].is_f64()))
+        .count();
+    assert!(with_perftest > 0, "perftest figures in no row: {doc}");
     for row in rows {
         for side in ["plugin", "against"] {
             let m = &row[side];
