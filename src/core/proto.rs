@@ -394,13 +394,74 @@ pub enum Arrived {
     Copied(EagerCopy),
 }
 
+/// The sequence numbers a QP's write-with-immediates complete, oldest first. A receive
+/// expects one per QP it uses and at most [`SLOTS`] are in flight, so a fixed ring holds them:
+/// `irecv` pushes and every receive completion pops without a bounds check or a growth test.
+#[derive(Copy, Clone, Debug)]
+struct SeqRing {
+    seqs: [u64; SLOTS],
+    head: usize,
+    len: usize,
+}
+
+impl Default for SeqRing {
+    fn default() -> Self {
+        Self {
+            seqs: [0; SLOTS],
+            head: 0,
+            len: 0,
+        }
+    }
+}
+
+impl SeqRing {
+    /// Append `seq`. The slot check before every push keeps the ring from filling: a push
+    /// into a full ring would overwrite the oldest and is a bug, caught in tests.
+    #[inline(always)]
+    fn push_back(&mut self, seq: u64) {
+        debug_assert!(
+            self.len < SLOTS,
+            "more than {SLOTS} messages expected on a QP"
+        );
+        self.seqs[(self.head + self.len) % SLOTS] = seq;
+        self.len = (self.len + 1).min(SLOTS);
+    }
+
+    #[inline(always)]
+    fn pop_front(&mut self) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        let seq = self.seqs[self.head % SLOTS];
+        self.head = (self.head + 1) % SLOTS;
+        self.len -= 1;
+        Some(seq)
+    }
+
+    /// Drop `seq`, wherever it is (an eager copy completed its receive), keeping the order of
+    /// the rest.
+    fn remove(&mut self, seq: u64) {
+        let mut kept = 0;
+        for i in 0..self.len {
+            let s = self.seqs[(self.head + i) % SLOTS];
+            if s != seq {
+                // Writes trail reads: nothing unread is overwritten.
+                self.seqs[(self.head + kept) % SLOTS] = s;
+                kept += 1;
+            }
+        }
+        self.len = kept;
+    }
+}
+
 /// Receiver side of one connection.
 #[derive(Debug)]
 pub struct RecvSide {
     layout: Layout,
     next_seq: u64,
     slots: [Option<RecvSlot>; SLOTS],
-    expected: Vec<VecDeque<u64>>,
+    /// Per QP, the messages whose write-with-immediate it completes next.
+    expected: Vec<SeqRing>,
     /// The message at which the sender renumbers its eager sends (a grouped receive, or one
     /// for another tag): eager messages after it are dropped unanswered, none is copied from
     /// it on.
@@ -431,7 +492,7 @@ impl RecvSide {
             layout,
             next_seq: 0,
             slots: [None; SLOTS],
-            expected: vec![VecDeque::new(); layout.nqps],
+            expected: vec![SeqRing::default(); layout.nqps],
             stopped_at: None,
             arrivals: [None; SLOTS],
             last_eager: None,
@@ -670,12 +731,7 @@ impl RecvSide {
                 posted.quiet = false;
                 for q in self.layout.qps_for(seq, b.size) {
                     // Its write-with-immediate never comes: the copy completed the receive.
-                    let expected = &mut self.expected[q];
-                    if expected.front() == Some(&seq) {
-                        expected.pop_front();
-                    } else {
-                        expected.retain(|&s| s != seq);
-                    }
+                    self.expected[q].remove(seq);
                 }
                 Ok(Arrived::Copied(EagerCopy {
                     bounce_slot: slot,
@@ -817,7 +873,7 @@ impl RecvSide {
         let seq = self
             .expected
             .get_mut(qp)
-            .and_then(VecDeque::pop_front)
+            .and_then(SeqRing::pop_front)
             .ok_or_else(|| {
                 Error::new(
                     Kind::Remote,
@@ -2044,5 +2100,61 @@ mod layout_tests {
         assert_eq!(CtsLayout::with_peer(2), CtsLayout::Legacy);
         assert_eq!(CtsLayout::with_peer(0), CtsLayout::Legacy);
         assert_eq!(CtsLayout::with_peer(3), CtsLayout::Dense);
+    }
+}
+
+#[cfg(test)]
+mod seq_ring_tests {
+    use std::collections::VecDeque;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Push,
+        Pop,
+        /// Remove the entry this far from the front (modulo the length); `SLOTS`: a number
+        /// not there.
+        Remove(usize),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            3 => Just(Step::Push),
+            2 => Just(Step::Pop),
+            1 => (0..SLOTS + 1).prop_map(Step::Remove),
+        ]
+    }
+
+    proptest! {
+        /// The ring answers as a queue would, through many wraps, with at most `SLOTS` held
+        /// (as the slot check keeps it).
+        #[test]
+        fn the_ring_keeps_the_order_a_queue_keeps(steps in proptest::collection::vec(step(), 1..400)) {
+            let mut ring = SeqRing::default();
+            let mut model = VecDeque::new();
+            let mut next = 0u64;
+            for s in steps {
+                match s {
+                    Step::Push if model.len() < SLOTS => {
+                        ring.push_back(next);
+                        model.push_back(next);
+                        next += 1;
+                    }
+                    Step::Push => {}
+                    Step::Pop => prop_assert_eq!(ring.pop_front(), model.pop_front()),
+                    Step::Remove(k) => {
+                        let present = (k < SLOTS).then(|| model.get(k % model.len().max(1))).flatten();
+                        let seq = present.copied().unwrap_or(u64::MAX);
+                        ring.remove(seq);
+                        model.retain(|&s| s != seq);
+                    }
+                }
+                let held: Vec<u64> = (0..ring.len).map(|i| ring.seqs[(ring.head + i) % SLOTS]).collect();
+                prop_assert_eq!(held, Vec::from(model.clone()));
+            }
+        }
     }
 }
