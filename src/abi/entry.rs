@@ -22,7 +22,7 @@ use crate::core::proto::{MAX_MESSAGE_BYTES, RecvBuf};
 use crate::core::wire::ListenHandle;
 use crate::log;
 use crate::plugin::{DeviceModel, MAX_GROUPED_RECVS, MemorySupport, Plugin};
-use crate::transport::{Connecting, ListenComm, Parent};
+use crate::transport::{Connecting, ListenComm, Parent, Sizes};
 
 /// Run one NCCL entry point: answers a receive comm holds for a batch go first (see
 /// [`crate::transport::post_held`]), then `body`; panics caught, errors mapped and logged once.
@@ -571,10 +571,12 @@ pub(super) unsafe extern "C" fn net_test(
                 // SAFETY: NCCL's sizes array is NULL or has room for a send's one entry.
                 unsafe { report_sizes(sizes, &[size]) };
             }),
-            RequestOwner::Recv(h, i) => h.comm.test(i)?.map(|group| {
+            RequestOwner::Recv(h, i) => h.comm.test(i)?.map(|finished| match finished {
                 // SAFETY: NCCL's sizes array is NULL or has room for one entry per buffer of
                 // the receive (NCCL_PROXY_MAX_SUBS).
-                unsafe { report_sizes(sizes, &group) };
+                Sizes::One(size) => unsafe { report_sizes(sizes, &[size]) },
+                // SAFETY: as above.
+                Sizes::Group(group) => unsafe { report_sizes(sizes, &group) },
             }),
         };
         done.write(c_int::from(finished.is_some()));

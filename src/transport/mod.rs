@@ -24,6 +24,6 @@ pub use held::flush_all as post_held;
 pub use listen::ListenComm;
 pub use mr::{MrCache, MrHandle};
 pub use profile::{EventHandle, Parent, QpEvent, Sink, install as install_profiler};
-pub use recv::{RECV_REQUESTS, RecvComm};
+pub use recv::{RECV_REQUESTS, RecvComm, Sizes};
 pub use send::{Connecting, SEND_REQUESTS, SendComm};
 pub use watch::{DeviceHealth, Tended};

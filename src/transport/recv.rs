@@ -2,6 +2,7 @@
 #![allow(unsafe_code)] // posts NCCL buffers to the NIC (see the transport module doc)
 
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -483,7 +484,8 @@ impl RecvComm {
             self.qps.qps[q].post_recv(WR_RECV)?;
         }
         if let Some(events) = &mut st.events {
-            self.start_events(events, layout, cts, bufs);
+            // The request's slot and QPs by value: a reference would keep `cts` in memory.
+            self.start_events(events, layout, cts.slot, cts.recvs.clone(), bufs);
         }
         if let Some(copy) = cts.copy {
             // SAFETY: forwarded from this function's contract.
@@ -502,48 +504,51 @@ impl RecvComm {
         }
         let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
         st.cts_posted += 1;
-        let (lkey, rkey) = (
-            self.cts_staging.mr(layout.local_member(cts.qp)).lkey(),
-            self.remote_ring_rkeys[layout.remote_member(cts.qp)],
-        );
-        // Entries `from..from + count`, adjacent in the ring from `from` on.
-        let write = |from: usize, count: usize, signaled: bool| {
-            let at = self.cts_layout.offset(cts.slot, from);
-            WorkRequest {
-                wr_id: WR_CTS,
-                op: Op::Write,
-                local: Sge {
-                    addr: self.cts_staging.addr(staged + at),
-                    len: (count * Cts::LEN) as u32,
-                    lkey,
-                },
-                tail: Sge::default(),
-                remote_addr: self.remote_ring_addr + at as u64,
-                rkey,
-                signaled,
-                cpu_readable: true,
-            }
+        let answers = AnswerWrites {
+            slot: cts.slot,
+            staged,
+            lkey: self.cts_staging.mr(layout.local_member(cts.qp)).lkey(),
+            rkey: self.remote_ring_rkeys[layout.remote_member(cts.qp)],
         };
         let hold = self.ctx.config.batch;
-        let queue = &self.answers[cts.qp];
         // A grouped receive's first entry and the rest lie apart in the dense layout.
         let apart = self.cts_layout == CtsLayout::Dense && n > 1;
         if !hold && !apart {
             // NCCL's usual answer, one write: posted at once.
-            // SAFETY: as below.
-            return unsafe { queue.post_one(&write(0, n, signaled)) };
+            // SAFETY: as in `submit_answer`.
+            return unsafe { self.answers[cts.qp].post_one(&answers.write(self, 0, n, signaled)) };
         }
-        // SAFETY: these staging bytes are rewritten only for message seq + 2 * SLOTS, posted
-        // after message seq + SLOTS completed, i.e. after the sender read this answer or the
-        // next one in the ring slot, written after this one on the same QP (a connection that
-        // copies eager messages has one QP; otherwise the sender read this answer).
+        // SAFETY: as in `submit_answer`.
+        unsafe { self.submit_answer(cts.qp, &answers, n, signaled, hold, apart) }
+    }
+
+    /// Submit the answer's writes to a queue that holds them for a batch (`hold`), or that
+    /// writes a grouped receive's first entry apart from the rest (`apart`). Out of line: NCCL's
+    /// usual answer is one write posted at once.
+    ///
+    /// # Safety
+    /// These staging bytes are rewritten only for message seq + 2 * SLOTS, posted after message
+    /// seq + SLOTS completed, i.e. after the sender read this answer or the next one in the ring
+    /// slot, written after this one on the same QP (a connection that copies eager messages has
+    /// one QP; otherwise the sender read this answer).
+    #[inline(never)]
+    unsafe fn submit_answer(
+        &self,
+        qp: usize,
+        answers: &AnswerWrites,
+        n: usize,
+        signaled: bool,
+        hold: bool,
+        apart: bool,
+    ) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
         unsafe {
-            queue.submit(hold, |b| {
+            self.answers[qp].submit(hold, |b| {
                 if apart {
-                    b.push_merged(&write(0, 1, false))?;
-                    b.push_merged(&write(1, n - 1, signaled))
+                    b.push_merged(&answers.write(self, 0, 1, false))?;
+                    b.push_merged(&answers.write(self, 1, n - 1, signaled))
                 } else {
-                    b.push_merged(&write(0, n, signaled))
+                    b.push_merged(&answers.write(self, 0, n, signaled))
                 }
             })
         }
@@ -553,8 +558,15 @@ impl RecvComm {
     /// the receive, as NCCL's transport reports them (an eager message copied at once took no
     /// receive of its own, and reports none).
     #[cold]
-    fn start_events(&self, events: &mut Events, layout: Layout, cts: &CtsPost, bufs: &[RecvBuf]) {
-        for q in cts.recvs.clone() {
+    fn start_events(
+        &self,
+        events: &mut Events,
+        layout: Layout,
+        slot: usize,
+        recvs: Range<usize>,
+        bufs: &[RecvBuf],
+    ) {
+        for q in recvs {
             for (i, buf) in bufs.iter().enumerate() {
                 let event = QpEvent {
                     member: layout.local_member(q),
@@ -563,7 +575,7 @@ impl RecvComm {
                     qp_num: self.qps.qps[q].qpn(),
                     length: buf.size,
                 };
-                events.start(cts.slot, i, &event);
+                events.start(slot, i, &event);
             }
         }
     }
@@ -637,7 +649,7 @@ impl RecvComm {
     ///
     /// # Errors
     /// The comm's failure, or `Misuse` for an index that is not in flight.
-    pub fn test(&self, index: usize) -> Result<Option<Group<u64>>> {
+    pub fn test(&self, index: usize) -> Result<Option<Sizes>> {
         let mut st = self.state.lock();
         st.failed.check()?;
         let finished = match self.finished(&st, index)? {
@@ -678,11 +690,11 @@ impl RecvComm {
     }
 
     /// The sizes of finished request `index`, which is then free again.
-    fn take(&self, st: &mut RecvState, index: usize, finished: Finished) -> Group<u64> {
+    fn take(&self, st: &mut RecvState, index: usize, finished: Finished) -> Sizes {
         let done = match finished {
             Finished::Flush => {
                 st.flushes[index - SLOTS] = FlushSlot::Free;
-                return Group::default();
+                return Sizes::Group(Group::default());
             }
             Finished::Recv(done) => done,
         };
@@ -691,12 +703,14 @@ impl RecvComm {
         }
         let sizes = if done.ringed {
             let raw: [u8; SIZES_SLOT_BYTES] = self.sizes_ring.read(index * SIZES_SLOT_BYTES);
-            raw.chunks_exact(8)
-                .take(done.n)
-                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
-                .collect()
+            Sizes::Group(
+                raw.chunks_exact(8)
+                    .take(done.n)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+                    .collect(),
+            )
         } else {
-            Group::one(done.imm_sum)
+            Sizes::One(done.imm_sum)
         };
         st.proto.release(index);
         sizes
@@ -817,6 +831,48 @@ impl Drop for RecvComm {
         }
         drop(st);
         self.drain_answers();
+    }
+}
+
+/// The sizes a finished request reports, one per buffer: a single receive's one size (NCCL's
+/// usual request, carried without building a group), a grouped receive's, or none (a flush).
+#[derive(Debug)]
+pub enum Sizes {
+    /// A single receive's size.
+    One(u64),
+    /// A grouped receive's sizes (or a flush's, none).
+    Group(Group<u64>),
+}
+
+/// The RDMA writes of one answer's entries from the staging ring into the sender's ring.
+struct AnswerWrites {
+    /// The message slot answered.
+    slot: usize,
+    /// Offset of this round's half of the staging ring.
+    staged: usize,
+    lkey: u32,
+    rkey: u32,
+}
+
+impl AnswerWrites {
+    /// The write of entries `from..from + count`, adjacent in the ring from `from` on.
+    #[inline(always)]
+    fn write(&self, comm: &RecvComm, from: usize, count: usize, signaled: bool) -> WorkRequest {
+        let at = comm.cts_layout.offset(self.slot, from);
+        WorkRequest {
+            wr_id: WR_CTS,
+            op: Op::Write,
+            local: Sge {
+                addr: comm.cts_staging.addr(self.staged + at),
+                len: (count * Cts::LEN) as u32,
+                lkey: self.lkey,
+            },
+            tail: Sge::default(),
+            remote_addr: comm.remote_ring_addr + at as u64,
+            rkey: self.rkey,
+            signaled,
+            cpu_readable: true,
+        }
     }
 }
 
