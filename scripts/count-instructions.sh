@@ -21,29 +21,37 @@
 # With --split, one more run per entry point splits each call's instructions by library: the
 # plugin's own code, the provider's (librxe) and libc's, per call, so that two plugins' own
 # work can be compared apart from the posts and polls they both make.
+#
+# With --lines NAME, the runs of --split also attribute the plugin's instructions inside each
+# entry point whose name contains NAME (irecv, isend, test) to this repository's source lines
+# (the innermost line of ours that each instruction was inlined from), per call: the busiest
+# lines, then the total per source file. It needs a plugin built with line tables:
+#   CARGO_PROFILE_PLUGIN_DEBUG=line-tables-only CARGO_TARGET_DIR=target/lines scripts/build-plugin.sh
+#   scripts/rdma-vm.sh scripts/count-instructions.sh target/lines/plugin/libnccl_net.so --lines irecv
 # Needs valgrind, gcc and objdump (`scripts/deps.sh profile`).
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 PLUGIN.so [--preload SHIM.c] [--iters N] [--size BYTES] [--dev DEV] [--locks] [--split]" >&2
+  echo "usage: $0 PLUGIN.so [--preload SHIM.c] [--iters N] [--size BYTES] [--dev DEV] [--locks] [--split] [--lines NAME]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
 plugin=$(realpath "$1")
 shift
-preload="" iters=2000 size=8 dev=rxe0 locks=0 split=0
+preload="" iters=2000 size=8 dev=rxe0 locks=0 split=0 lines=
 while [ $# -gt 0 ]; do
   case "$1" in
     --preload) preload=$2; shift 2 ;;
     --locks) locks=1; shift ;;
     --split) split=1; shift ;;
+    --lines) lines=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --dev) dev=$2; shift 2 ;;
     *) usage ;;
   esac
 done
-for prog in valgrind python3 gcc objdump; do
+for prog in valgrind python3 gcc objdump addr2line; do
   command -v "$prog" >/dev/null || { echo "$0: $prog missing (scripts/deps.sh profile)" >&2; exit 1; }
 done
 
@@ -131,28 +139,38 @@ for path in sorted(files):
 open(names_out, "w").write("\n".join(sorted(names)) + "\n")
 EOF
 
-if [ "$split" = 1 ]; then
-  # One run per entry point (those the run above found), collecting only inside it.
+if [ "$split" = 1 ] || [ -n "$lines" ]; then
+  # One run per entry point (those the run above found), collecting only inside it; with
+  # --lines, every instruction's address kept too.
   k=0
   while read -r name; do
-    profile "$out/split.$k.%p" --collect-atstart=no --toggle-collect="$name"
+    if [ -n "$lines" ]; then
+      profile "$out/split.$k.%p" --collect-atstart=no --toggle-collect="$name" --dump-instr=yes
+    else
+      profile "$out/split.$k.%p" --collect-atstart=no --toggle-collect="$name"
+    fi
     k=$((k + 1))
   done <"$out/names"
-  python3 - "$out/names" "$out"/split.* <<'EOF'
-import os, re, sys
+  python3 - "$out/names" "$plugin" "$root/" "$lines" "$out"/split.* <<'EOF'
+import os, re, subprocess, sys
 from collections import Counter
 
 names = open(sys.argv[1]).read().split("\n")
-print("# per call, by library (each entry point's own instructions and its callees')")
-for path in sorted(sys.argv[2:]):
-    name = names[int(os.path.basename(path).split(".")[1])]
-    rank, by_lib, calls, ids = 0, Counter(), 0, {"ob": {}, "fn": {}}
+plugin, root, lines, files = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+
+def costs(path, name):
+    """(rank, calls of `name`, instructions by library, the plugin's by address) of one run."""
+    rank, calls, ids = 0, 0, {"ob": {}, "fn": {}}
+    by_lib, by_addr = Counter(), Counter()
     ob = fn = callee = None
-    after_call = False
+    positions, last, after_call = ["line"], [0], False
     for line in open(path):
         line = line.rstrip("\n")
         if line.startswith("cmd:") and "--role client" in line:
             rank = 1
+        if line.startswith("positions:"):
+            positions = line.split()[1:]
+            last = [0] * len(positions)
         m = re.match(r"(c?)(ob|fn)=\((\d+)\)(?: (.*))?$", line)
         if m:
             called, kind, ident, label = m.groups()
@@ -160,7 +178,7 @@ for path in sorted(sys.argv[2:]):
                 ids[kind][ident] = label
             value = ids[kind].get(ident)
             if kind == "ob" and not called:
-                ob = os.path.basename(value or "")
+                ob = value
             elif kind == "fn":
                 callee, fn = (value, fn) if called else (None, value)
         elif line.startswith("calls="):
@@ -169,13 +187,57 @@ for path in sorted(sys.argv[2:]):
                 calls += int(line.split("=")[1].split()[0])
             after_call = True
         elif line[:1] in "0123456789+-*":
-            if not after_call and len(line.split()) > 1:
-                by_lib[ob] += int(line.split()[1])
+            f = line.split()
+            for i, p in enumerate(f[:len(positions)]):
+                if p != "*":
+                    v = int(p[1:], 0) if p[0] in "+-" else int(p, 0)
+                    last[i] = last[i] + v if p[0] == "+" else last[i] - v if p[0] == "-" else v
+            if not after_call and len(f) > len(positions):
+                n = int(f[len(positions)])
+                by_lib[os.path.basename(ob or "")] += n
+                if ob == plugin and positions[0] == "instr":
+                    by_addr[last[0]] += n
             after_call = False
+    return rank, calls, by_lib, by_addr
+
+def our_lines(addresses):
+    """Address -> the innermost file:line of this repository it was inlined from."""
+    out = subprocess.run(["addr2line", "-a", "-i", "-e", plugin] + [hex(a) for a in addresses],
+                         capture_output=True, text=True).stdout.splitlines()
+    found, current = {}, None
+    for line in out:
+        if line.startswith("0x"):
+            current = int(line, 16)
+        elif current is not None and current not in found and line.startswith(root):
+            found[current] = line[len(root):].split(" ")[0]
+    return found
+
+def print_lines(rank, name, calls, by_addr):
+    """The plugin's instructions per call by source line (the busiest), then by file."""
+    where = our_lines(sorted(by_addr))
+    by_line, by_file = Counter(), Counter()
+    for addr, n in by_addr.items():
+        line = where.get(addr, "(no line of this repository)")
+        by_line[line] += n
+        by_file[line.rsplit(":", 1)[0]] += n
+    print(f"# rank {rank}, {name}: {sum(by_addr.values()) / calls:.0f} instructions of the "
+          f"plugin per call by source line (the busiest), then by file")
+    for line, n in by_line.most_common(15) + [("", 0)] + by_file.most_common():
+        print(f"  {n / calls:7.1f}  {line}" if line else "")
+
+print("# per call, by library (each entry point's own instructions and its callees')")
+attributed = []
+for path in sorted(files):
+    name = names[int(os.path.basename(path).split(".")[1])]
+    rank, calls, by_lib, by_addr = costs(path, name)
     if not calls or not by_lib:
         continue
     libs = ", ".join(f"{lib} {n / calls:.0f}" for lib, n in by_lib.most_common())
     print(f"  rank {rank}, {name}: {sum(by_lib.values()) / calls:.0f} = {libs} ({calls} calls)")
+    if lines and lines.lower() in name.lower():
+        attributed.append((rank, name, calls, by_addr))
+for rank, name, calls, by_addr in attributed:
+    print_lines(rank, name, calls, by_addr)
 EOF
 fi
 

@@ -7,7 +7,7 @@
 #   build  compilers and verbs headers for `cargo build` / `cargo test` on the host
 #   vm     qemu, busybox (virtme-ng builds the VM's initramfs with it), Debian's kernel (which
 #          has rdma_rxe), rdma-core tools, perftest, and virtme-ng
-#   profile  strace, perf, valgrind, gcc and objdump, for the per-message profiling in README
+#   profile  strace, perf, valgrind, gcc, objdump and addr2line, for the per-message profiling in README
 #            "Performance"
 #            (run inside the VM, which shares this filesystem); not needed by the tests
 # Prints the venv's bin directory on stdout when `vm` is given (for PATH).
@@ -91,7 +91,7 @@ if [ "$want_vm" = 1 ]; then
   fi
 fi
 if [ "$want_profile" = 1 ]; then
-  for prog in strace perf valgrind gcc objdump; do need "$prog"; done
+  for prog in strace perf valgrind gcc objdump addr2line; do need "$prog"; done
 fi
 if [ "${#problems[@]}" -gt 0 ]; then
   for p in "${problems[@]}"; do echo "deps.sh: $p" >&2; done
