@@ -415,16 +415,17 @@ impl Default for SeqRing {
 }
 
 impl SeqRing {
-    /// Append `seq`. The slot check before every push keeps the ring from filling: a push
-    /// into a full ring would overwrite the oldest and is a bug, caught in tests.
+    /// Append `seq`; `false`, and nothing changed, when the ring is full. The slot check
+    /// before every push keeps it from filling: a full ring is a bug, and fails the comm.
     #[inline(always)]
-    fn push_back(&mut self, seq: u64) {
-        debug_assert!(
-            self.len < SLOTS,
-            "more than {SLOTS} messages expected on a QP"
-        );
+    #[must_use]
+    fn push_back(&mut self, seq: u64) -> bool {
+        if self.len == SLOTS {
+            return false;
+        }
         self.seqs[(self.head + self.len) % SLOTS] = seq;
-        self.len = (self.len + 1).min(SLOTS);
+        self.len += 1;
+        true
     }
 
     #[inline(always)]
@@ -452,6 +453,16 @@ impl SeqRing {
         }
         self.len = kept;
     }
+}
+
+/// The error of a QP whose ring of expected messages is full (out of line: `irecv` never
+/// builds it).
+#[cold]
+#[inline(never)]
+fn ring_full(qp: usize) -> Error {
+    Error::misuse(format!(
+        "more than {SLOTS} messages expected on QP index {qp} (a bug of this plugin)"
+    ))
 }
 
 /// Receiver side of one connection.
@@ -840,7 +851,9 @@ impl RecvSide {
         // module doc).
         let quiet = self.layout.quiet && promised && arrival.is_none() && self.eager_flowing;
         for q in qps.clone() {
-            self.expected[q].push_back(seq);
+            if !self.expected[q].push_back(seq) {
+                return Err(ring_full(q));
+            }
         }
         self.slots[slot] = Some(RecvSlot {
             seq,
@@ -2122,15 +2135,14 @@ mod seq_ring_tests {
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            3 => Just(Step::Push),
+            4 => Just(Step::Push),
             2 => Just(Step::Pop),
             1 => (0..SLOTS + 1).prop_map(Step::Remove),
         ]
     }
 
     proptest! {
-        /// The ring answers as a queue would, through many wraps, with at most `SLOTS` held
-        /// (as the slot check keeps it).
+        /// The ring answers as a queue of at most `SLOTS` would, through many wraps.
         #[test]
         fn the_ring_keeps_the_order_a_queue_keeps(steps in proptest::collection::vec(step(), 1..400)) {
             let mut ring = SeqRing::default();
@@ -2139,11 +2151,12 @@ mod seq_ring_tests {
             for s in steps {
                 match s {
                     Step::Push if model.len() < SLOTS => {
-                        ring.push_back(next);
+                        prop_assert!(ring.push_back(next));
                         model.push_back(next);
                         next += 1;
                     }
-                    Step::Push => {}
+                    // A full ring refuses, and keeps what it holds (checked below).
+                    Step::Push => prop_assert!(!ring.push_back(next)),
                     Step::Pop => prop_assert_eq!(ring.pop_front(), model.pop_front()),
                     Step::Remove(k) => {
                         let present = (k < SLOTS).then(|| model.get(k % model.len().max(1))).flatten();
