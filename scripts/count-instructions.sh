@@ -28,7 +28,7 @@
 # lines, then the total per source file. It needs a plugin built with line tables:
 #   CARGO_PROFILE_PLUGIN_DEBUG=line-tables-only CARGO_TARGET_DIR=target/lines scripts/build-plugin.sh
 #   scripts/rdma-vm.sh scripts/count-instructions.sh target/lines/plugin/libnccl_net.so --lines irecv
-# Needs valgrind, gcc and objdump (`scripts/deps.sh profile`).
+# Needs valgrind, gcc, objdump and addr2line (`scripts/deps.sh profile`).
 set -euo pipefail
 
 usage() {
@@ -144,11 +144,7 @@ if [ "$split" = 1 ] || [ -n "$lines" ]; then
   # --lines, every instruction's address kept too.
   k=0
   while read -r name; do
-    if [ -n "$lines" ]; then
-      profile "$out/split.$k.%p" --collect-atstart=no --toggle-collect="$name" --dump-instr=yes
-    else
-      profile "$out/split.$k.%p" --collect-atstart=no --toggle-collect="$name"
-    fi
+    profile "$out/split.$k.%p" --collect-atstart=no --toggle-collect="$name" ${lines:+--dump-instr=yes}
     k=$((k + 1))
   done <"$out/names"
   python3 - "$out/names" "$plugin" "$root/" "$lines" "$out"/split.* <<'EOF'

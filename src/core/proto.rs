@@ -397,21 +397,11 @@ pub enum Arrived {
 /// The sequence numbers a QP's write-with-immediates complete, oldest first. A receive
 /// expects one per QP it uses and at most [`SLOTS`] are in flight, so a fixed ring holds them:
 /// `irecv` pushes and every receive completion pops without a bounds check or a growth test.
-#[derive(Copy, Clone, Debug)]
+#[derive(Copy, Clone, Debug, Default)]
 struct SeqRing {
     seqs: [u64; SLOTS],
     head: usize,
     len: usize,
-}
-
-impl Default for SeqRing {
-    fn default() -> Self {
-        Self {
-            seqs: [0; SLOTS],
-            head: 0,
-            len: 0,
-        }
-    }
 }
 
 impl SeqRing {
