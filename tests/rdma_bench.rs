@@ -383,3 +383,35 @@ fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
         }
     }
 }
+
+/// `--interleave` with this plugin twice over (its own copy: `dlopen` of a path already open
+/// gives the same handle), two libraries connected in the same two processes, every block's
+/// data verified end to end. (The JSON's shape and figures: bench_cli's fixture tests.)
+#[test]
+fn this_plugin_interleaved_with_its_copy_moves_verified_data() {
+    let plugin = support::plugin_path();
+    let copy = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("libnccl_net_copy.so");
+    std::fs::copy(&plugin, &copy).unwrap();
+    let mut args = vec![
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--interleave",
+        copy.to_str().unwrap(),
+        "--dev",
+        "rxe0",
+    ];
+    args.extend(support::BRIEF_INTERLEAVED);
+    let (ok, stdout, stderr) = bench(&args);
+    assert!(ok, "benchmark failed:\n{stdout}\n{stderr}");
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(doc["b"]["plugin"], copy.to_str().unwrap(), "{doc}");
+    let rows = doc["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 8, "{doc}");
+    for row in rows {
+        assert_eq!(row["verified"], true, "data not verified: {row}");
+        for side in 0..2 {
+            assert!(row["lat_us"][side].as_f64().unwrap() > 0.0, "{row}");
+            assert!(row["bw_mb_per_s"][side].as_f64().unwrap() > 0.0, "{row}");
+        }
+    }
+}

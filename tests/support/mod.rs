@@ -38,6 +38,21 @@ pub fn shipped_plugin_path() -> PathBuf {
     path
 }
 
+/// A brief `nccl-net-bench --interleave` run: 8 B to 1 KiB, 4 block pairs per size and phase of
+/// 16 messages and 4 rounds each, every byte verified, JSON.
+pub const BRIEF_INTERLEAVED: [&str; 10] = [
+    "--max",
+    "1K",
+    "--blocks",
+    "4",
+    "--iters",
+    "64",
+    "--lat-iters",
+    "16",
+    "--verify",
+    "--json",
+];
+
 /// Repository root (for `nccl-headers/` and `tests/c_host/`).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

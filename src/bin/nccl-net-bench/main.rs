@@ -16,9 +16,11 @@
 use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+mod interleave;
 
 use clap::{Parser, ValueEnum};
 use nccl_net::driver::{Driver, Handle, LoadOptions, Ptr, fill_pattern, rendezvous};
@@ -81,6 +83,16 @@ struct Options {
     /// with the flag on for both.
     #[arg(long)]
     call_times: bool,
+    /// A second plugin, measured in the same two processes in blocks that alternate with the
+    /// first's (A B, B A, A B, ...), so that both meet the same moments of a noisy host; the
+    /// table gives each plugin's median block and the median of the per-pair ratios A/B.
+    /// The process's environment (LD_PRELOAD included) serves both plugins.
+    #[arg(long, conflicts_with = "call_times")]
+    interleave: Option<PathBuf>,
+    /// Blocks per size and phase with --interleave; the iterations of a phase (--iters,
+    /// --lat-iters or their defaults) are split over them, per plugin.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    blocks: u32,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -237,6 +249,10 @@ fn lat_iters(o: &Options, size: usize) -> usize {
         .unwrap_or_else(|| ((16 << 20) / size).clamp(4, 1000))
 }
 
+/// Set in the pattern seeds of warm-up messages, which the timed ones never use (their seeds
+/// are the size's index in the high half and the message's in the low bits).
+const WARMUP_SEED: u64 = 1 << 31;
+
 /// Untimed messages before a phase of `timed` messages: `--warmup`, at most a tenth of them.
 fn warmup(o: &Options, timed: usize) -> usize {
     o.warmup.min(timed / 10)
@@ -350,9 +366,10 @@ fn device_index(net: &Driver, dev: &str) -> Result<i32, String> {
     })
 }
 
-fn setup(o: &Options, ctl: &mut Control) -> Result<Endpoint, String> {
+/// Load `plugin`, connect to the peer's instance of it both ways and register the buffers.
+fn setup(o: &Options, plugin: &Path, ctl: &mut Control) -> Result<Endpoint, String> {
     let net = Driver::load(
-        &o.plugin,
+        plugin,
         LoadOptions {
             version: o.abi,
             ..LoadOptions::default()
@@ -396,6 +413,16 @@ fn setup(o: &Options, ctl: &mut Control) -> Result<Endpoint, String> {
 }
 
 impl Endpoint {
+    /// Deregister and close; the plugin's name, ncclNet version and device, for the report.
+    fn close(self) -> (String, u8, String) {
+        let _ = (
+            self.net.dereg_mr(self.sc, self.smh),
+            self.net.dereg_mr(self.rc, self.rmh),
+        );
+        let _ = (self.net.close_send(self.sc), self.net.close_recv(self.rc));
+        (self.net.name(), self.net.version(), self.device)
+    }
+
     /// The buffer slots of one side: one per request in flight when verifying (each message
     /// keeps its bytes until it completes), else one shared slot.
     fn slots(buf: &mut [u8], o: &Options, slot: usize) -> Vec<*mut u8> {
@@ -462,6 +489,38 @@ impl Endpoint {
             },
         )?;
         Ok(good)
+    }
+
+    /// The bandwidth phase's stream of `count` messages, each side its half; whether every
+    /// message arrived whole (the sender answers true).
+    fn stream(
+        &mut self,
+        o: &Options,
+        rank0: bool,
+        size: usize,
+        count: usize,
+        seed: u64,
+    ) -> Result<bool, String> {
+        if rank0 {
+            self.send_stream(o, size, count, seed).map(|()| true)
+        } else {
+            self.recv_stream(o, size, count, seed)
+        }
+    }
+
+    /// The untimed stream before a bandwidth phase of `timed` messages (at least one window),
+    /// with payloads of its own: a timed message then never finds its bytes already in place.
+    fn warm_up(
+        &mut self,
+        o: &Options,
+        rank0: bool,
+        size: usize,
+        timed: usize,
+        seed: u64,
+    ) -> Result<(), String> {
+        let count = warmup(o, timed).max(o.window());
+        self.stream(o, rank0, size, count, seed | WARMUP_SEED)
+            .map(|_| ())
     }
 
     /// Ping-pong: rank 0 pings, rank 1 answers; returns rank 0's mean one-way latency in µs.
@@ -593,7 +652,7 @@ struct Report {
 }
 
 fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String> {
-    let mut ep = setup(o, &mut ctl)?;
+    let mut ep = setup(o, &o.plugin, &mut ctl)?;
     let mut rows = Vec::new();
     let all = sizes(o);
     for (k, &size) in all.iter().enumerate() {
@@ -602,21 +661,12 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
         if rank0 && !o.json {
             eprint!("\r[{}/{}] {size} B ...          ", k + 1, all.len());
         }
-        let stream_warmup = warmup(o, iters).max(o.window());
         ctl.barrier()?;
-        if rank0 {
-            ep.send_stream(o, size, stream_warmup, seed)?
-        } else {
-            ep.recv_stream(o, size, stream_warmup, seed).map(|_| ())?
-        };
+        ep.warm_up(o, rank0, size, iters, seed)?;
         ctl.barrier()?;
         let cpu0 = cpu_seconds();
         let t0 = Instant::now();
-        let verified = if rank0 {
-            ep.send_stream(o, size, iters, seed).map(|()| true)?
-        } else {
-            ep.recv_stream(o, size, iters, seed)?
-        };
+        let verified = ep.stream(o, rank0, size, iters, seed)?;
         let seconds = t0.elapsed().as_secs_f64();
         let cpu = cpu_seconds() - cpu0;
         ctl.barrier()?;
@@ -662,15 +712,11 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
     if rank0 && !o.json {
         eprint!("\r{:40}\r", "");
     }
-    let _ = (
-        ep.net.dereg_mr(ep.sc, ep.smh),
-        ep.net.dereg_mr(ep.rc, ep.rmh),
-    );
-    let _ = (ep.net.close_send(ep.sc), ep.net.close_recv(ep.rc));
+    let (name, abi, device) = ep.close();
     Ok(Report {
-        name: ep.net.name(),
-        abi: ep.net.version(),
-        device: ep.device,
+        name,
+        abi,
+        device,
         rows,
     })
 }
@@ -810,7 +856,7 @@ fn run(o: &Options) -> Result<(), String> {
     if o.role == Role::Client {
         let stream = rendezvous::connect(&o.rendezvous, deadline())
             .map_err(|e| format!("rendezvous connect {}: {e}", o.rendezvous))?;
-        run_rank(o, false, Control(stream))?;
+        run_ranks(o, false, Control(stream))?;
         return Ok(());
     }
     let listener = TcpListener::bind(&o.rendezvous)
@@ -832,23 +878,49 @@ fn run(o: &Options) -> Result<(), String> {
         ))
     })
     .map_err(|e| format!("rendezvous accept: {e}"))?;
-    let outcome = run_rank(o, true, Control(stream));
+    let outcome = run_ranks(o, true, Control(stream));
     if let Some(c) = child.as_mut() {
         let status = c.wait().map_err(|e| e.to_string())?;
         if !status.success() && outcome.is_ok() {
             return Err(format!("the receiving process failed ({status})"));
         }
     }
-    let report = outcome?;
-    if o.json {
-        print_json(o, &report)
-    } else {
-        print_table(o, &report)
-    }
-    if report.rows.iter().any(|r| r.verified == Some(false)) {
+    let verified = match outcome? {
+        Outcome::Sweep(report) => {
+            if o.json {
+                print_json(o, &report)
+            } else {
+                print_table(o, &report)
+            }
+            report.rows.iter().all(|r| r.verified != Some(false))
+        }
+        Outcome::Interleaved(report) => {
+            if o.json {
+                report.print_json(o)
+            } else {
+                report.print_table(o)
+            }
+            report.rows.iter().all(|r| r.verified != Some(false))
+        }
+    };
+    if !verified {
         return Err("data verification failed".into());
     }
     Ok(())
+}
+
+/// What rank 0 prints.
+enum Outcome {
+    Sweep(Report),
+    Interleaved(interleave::Report),
+}
+
+/// One rank's run: the sweep of one plugin, or with `--interleave` of two in alternating blocks.
+fn run_ranks(o: &Options, rank0: bool, ctl: Control) -> Result<Outcome, String> {
+    match &o.interleave {
+        Some(other) => interleave::run_rank(o, other, rank0, ctl).map(Outcome::Interleaved),
+        None => run_rank(o, rank0, ctl).map(Outcome::Sweep),
+    }
 }
 
 fn main() {
