@@ -78,6 +78,7 @@ pub(super) fn run_rank(
 ) -> Result<Report, String> {
     let mut eps = [setup(o, &o.plugin, &mut ctl)?, setup(o, other, &mut ctl)?];
     let blocks = o.blocks as usize;
+    let untimed = CallClock::default();
     let all = sizes(o);
     let mut rows = Vec::with_capacity(all.len());
     for (k, &size) in all.iter().enumerate() {
@@ -95,14 +96,7 @@ pub(super) fn run_rank(
             let ping_warmup = warmup(o, rounds * blocks);
             if ping_warmup > 0 {
                 ctl.barrier()?;
-                ep.ping_pong(
-                    rank0,
-                    size,
-                    ping_warmup,
-                    o.ping(),
-                    &CallClock::default(),
-                    &mut ctl,
-                )?;
+                ep.ping_pong(rank0, size, ping_warmup, o.ping(), &untimed, &mut ctl)?;
             }
         }
         let mut row = Row {
@@ -126,8 +120,8 @@ pub(super) fn run_rank(
         for block in 0..blocks {
             for p in order(block) {
                 ctl.barrier()?;
-                let clock = CallClock::default();
-                let one_way = eps[p].ping_pong(rank0, size, rounds, o.ping(), &clock, &mut ctl)?;
+                let one_way =
+                    eps[p].ping_pong(rank0, size, rounds, o.ping(), &untimed, &mut ctl)?;
                 row.lat[p].push(one_way);
             }
         }
