@@ -206,7 +206,7 @@ pub const NOT_IMPLEMENTED: &[Knob] = &[
     Knob {
         name: "NCCL_IB_USE_INLINE",
         default: "0",
-        meaning: "post the clear-to-send entry inline (this plugin inlines clear-to-sends and host-memory payloads up to 256 bytes always (64 or none where the device grants less))",
+        meaning: "post the clear-to-send entry inline (this plugin inlines clear-to-sends and host-memory payloads up to 256 bytes always, 64 or none where the device grants less)",
     },
     Knob {
         name: "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS",

@@ -10,7 +10,9 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::{CallClock, Control, Options, bw_iters, lat_iters, setup, sizes, warmup};
+use super::{
+    CallClock, Control, Options, bw_iters, lat_iters, progress, setup, sizes, verified_cell, warmup,
+};
 
 /// One size: per plugin (A, B), each block's bandwidth (MB/s) and one-way latency (µs), in the
 /// order the blocks ran.
@@ -82,18 +84,16 @@ pub(super) fn run_rank(
     let all = sizes(o);
     let mut rows = Vec::with_capacity(all.len());
     for (k, &size) in all.iter().enumerate() {
-        if rank0 && !o.json {
-            eprint!("\r[{}/{}] {size} B ...          ", k + 1, all.len());
-        }
+        progress(o, rank0, Some((k, all.len(), size)));
         let seed = (k as u64) << 32;
         let (per_block, rounds) = (
             (bw_iters(o, size) / blocks).max(o.window()),
             (lat_iters(o, size) / blocks).max(1),
         );
+        let ping_warmup = warmup(o, rounds * blocks);
         for ep in &mut eps {
             ctl.barrier()?;
             ep.warm_up(o, rank0, size, per_block * blocks, seed)?;
-            let ping_warmup = warmup(o, rounds * blocks);
             if ping_warmup > 0 {
                 ctl.barrier()?;
                 ep.ping_pong(rank0, size, ping_warmup, o.ping(), &untimed, &mut ctl)?;
@@ -133,9 +133,7 @@ pub(super) fn run_rank(
             ctl.send(&[u8::from(verified)])?;
         }
     }
-    if rank0 && !o.json {
-        eprint!("\r{:40}\r", "");
-    }
+    progress(o, rank0, None);
     let [a, b] = eps;
     let side = |path: &Path, (name, abi, device): (String, u8, String)| Side {
         path: path.display().to_string(),
@@ -172,11 +170,6 @@ impl Report {
         );
         let ratio = |r: [f64; 3]| format!("{:.3} [{:.3}, {:.3}]", r[1], r[0], r[2]);
         for r in &self.rows {
-            let v = match r.verified {
-                Some(true) => "yes",
-                Some(false) => "NO",
-                None => "-",
-            };
             println!(
                 "{:>10} {:>10.2} {:>10.2} {:>22} {:>9.2} {:>9.2} {:>22} {:>8}",
                 r.size,
@@ -186,7 +179,7 @@ impl Report {
                 quartiles(&r.lat[0])[1],
                 quartiles(&r.lat[1])[1],
                 ratio(quartiles(&ratios(&r.lat))),
-                v
+                verified_cell(r.verified)
             );
         }
     }

@@ -249,6 +249,27 @@ fn lat_iters(o: &Options, size: usize) -> usize {
         .unwrap_or_else(|| ((16 << 20) / size).clamp(4, 1000))
 }
 
+/// Rank 0's progress line on stderr (not with `--json`): `Some((k, sizes, size))` shows size
+/// `k` of `sizes`, `None` clears the line.
+fn progress(o: &Options, rank0: bool, step: Option<(usize, usize, usize)>) {
+    if !rank0 || o.json {
+        return;
+    }
+    match step {
+        Some((k, n, size)) => eprint!("\r[{}/{n}] {size} B ...          ", k + 1),
+        None => eprint!("\r{:40}\r", ""),
+    }
+}
+
+/// The table's `verified` cell: `yes`, `NO`, or `-` when not verifying.
+fn verified_cell(verified: Option<bool>) -> &'static str {
+    match verified {
+        Some(true) => "yes",
+        Some(false) => "NO",
+        None => "-",
+    }
+}
+
 /// Set in the pattern seeds of warm-up messages, which the timed ones never use (their seeds
 /// are the size's index in the high half and the message's in the low bits).
 const WARMUP_SEED: u64 = 1 << 31;
@@ -658,9 +679,7 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
     for (k, &size) in all.iter().enumerate() {
         let iters = bw_iters(o, size);
         let seed = (k as u64) << 32;
-        if rank0 && !o.json {
-            eprint!("\r[{}/{}] {size} B ...          ", k + 1, all.len());
-        }
+        progress(o, rank0, Some((k, all.len(), size)));
         ctl.barrier()?;
         ep.warm_up(o, rank0, size, iters, seed)?;
         ctl.barrier()?;
@@ -709,9 +728,7 @@ fn run_rank(o: &Options, rank0: bool, mut ctl: Control) -> Result<Report, String
             }
         }
     }
-    if rank0 && !o.json {
-        eprint!("\r{:40}\r", "");
-    }
+    progress(o, rank0, None);
     let (name, abi, device) = ep.close();
     Ok(Report {
         name,
@@ -775,11 +792,7 @@ fn print_table(o: &Options, report: &Report) {
         calls(["(us)", "(us)", "(us)"])
     );
     for r in &report.rows {
-        let v = match r.verified {
-            Some(true) => "yes",
-            Some(false) => "NO",
-            None => "-",
-        };
+        let v = verified_cell(r.verified);
         let means = r.call_us.map(|m| m.map(|us| format!("{us:.2}")));
         println!(
             "{:>10} {:>7} {:>12.2} {:>12.0} {:>12.2} {:>11.2} {:>11.2} {:>8}{}",
