@@ -12,7 +12,7 @@
 # one run's ratios by a few per cent, which swapping the positions and pooling the runs evens out.
 #
 # usage: scripts/bench-interleaved.sh --against PATH.so [--plugin PATH.so] [--preload LIB]
-#          [--runs N] [--dev NAME] [--max BYTES] [--blocks N] [--iters N] [--lat-iters N]
+#          [--runs N] [--dev NAME] [--min BYTES] [--max BYTES] [--blocks N] [--iters N] [--lat-iters N]
 #          [--inflight N] [--bench PATH] [--recv-late | --recv-preposted] [--json]
 #   --plugin   the plugin to measure (default: target/plugin/libnccl_net.so, as it ships)
 #   --against  the other plugin (any ncclNet v8..v12)
@@ -20,7 +20,8 @@
 #              processes, e.g. ../shared/reference-plugin/realpath_rxe.c for the reference on rxe
 #   --runs     benchmark runs, positions swapped each time (default 4)
 #   --dev      RDMA device (default rxe0), the plugin device with that name in both plugins
-#   --max      largest message (default 4K; the smallest is 8 B)
+#   --min      smallest message (default 8)
+#   --max      largest message (default 4K)
 #   --blocks   blocks per size and phase in each run (default 200)
 #   --iters, --lat-iters  messages and ping-pong rounds per size, phase and plugin in each run,
 #              split over the blocks (default 8000 each)
@@ -33,7 +34,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 plugin="$repo/target/plugin/libnccl_net.so"
 bench="$repo/target/release/nccl-net-bench"
-against="" preload="" runs=4 dev=rxe0 max=4K blocks=200 iters=8000 lat_iters=8000 inflight=8
+against="" preload="" runs=4 dev=rxe0 min=8 max=4K blocks=200 iters=8000 lat_iters=8000 inflight=8
 json=0 ping_arg=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -42,6 +43,7 @@ while [ $# -gt 0 ]; do
     --preload) preload="$2"; shift 2 ;;
     --runs) runs="$2"; shift 2 ;;
     --dev) dev="$2"; shift 2 ;;
+    --min) min="$2"; shift 2 ;;
     --max) max="$2"; shift 2 ;;
     --blocks) blocks="$2"; shift 2 ;;
     --iters) iters="$2"; shift 2 ;;
@@ -73,7 +75,7 @@ for ((run = 1; run <= runs; run++)); do
   # Odd runs: ours is A; even runs: theirs is A.
   if ((run % 2)); then a="$plugin" b="$against"; else a="$against" b="$plugin"; fi
   echo "bench-interleaved: run $run of $runs, A = $a" >&2
-  LD_PRELOAD="$preload" "$bench" --plugin "$a" --interleave "$b" --dev "$dev" --min 8 --max "$max" \
+  LD_PRELOAD="$preload" "$bench" --plugin "$a" --interleave "$b" --dev "$dev" --min "$min" --max "$max" \
     --blocks "$blocks" --iters "$iters" --lat-iters "$lat_iters" --inflight "$inflight" \
     "${ping_arg[@]}" --json >"$work/run.$run.json" 2>"$work/run.$run.err" ||
     { echo "bench-interleaved: run $run failed:" >&2; cat "$work/run.$run.err" >&2; exit 1; }

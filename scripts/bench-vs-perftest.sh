@@ -197,35 +197,35 @@ print(f"# {ours['name']} ({ours['plugin']}, ncclNet v{ours['abi']}) on {ours['de
       f"medians of {runs} run(s)" + (f", with {' '.join(plugin_env)}" if plugin_env else "")
       + (f"; against {other['name']} ({other['plugin']}, v{other['abi']})" if other else "")
       + ("" if ping == "ahead" else f"; ping-pong with {ping} receives"))
-head = f"{'size(B)':>9} {'ib_bw':>9} {'bw':>9} {'/ib':>5}"
-if other:
-    head += f" {'bw.vs':>9} {'/vs':>5}"
-head += f" {'ib_lat':>8} {'lat':>8} {'/ib':>5}"
-if other:
-    head += f" {'lat.vs':>8} {'/vs':>5}"
-head += f" {'ib_msg/s':>8} {'msg/s':>8} {'/ib':>5}"
-if other:
-    head += f" {'vs':>8} {'/vs':>5}"
-head += f" {'cpu.s':>6} {'cpu.r':>6}"
-if other:
-    head += f" {'vs.s':>6} {'vs.r':>6}"
-print(head)
+# The table's columns: header, width, format, the value in a row, whether only with --against.
+against = lambda key: lambda r: r["against"][key]
+columns = [
+    ("size(B)", 9, "d", lambda r: r["size"], False),
+    ("ib_bw", 9, ".1f", lambda r: r["ib_write_bw_mb_per_s"], False),
+    ("bw", 9, ".1f", lambda r: r["plugin"]["bw_mb_per_s"], False),
+    ("/ib", 5, ".2f", lambda r: r["bw_vs_ib_write_bw"], False),
+    ("bw.vs", 9, ".1f", against("bw_mb_per_s"), True),
+    ("/vs", 5, ".2f", lambda r: r["bw_vs_against"], True),
+    ("ib_lat", 8, ".2f", lambda r: r["ib_write_lat_us"], False),
+    ("lat", 8, ".2f", lambda r: r["plugin"]["lat_us"], False),
+    ("/ib", 5, ".2f", lambda r: r["lat_vs_ib_write_lat"], False),
+    ("lat.vs", 8, ".2f", against("lat_us"), True),
+    ("/vs", 5, ".2f", lambda r: r["lat_vs_against"], True),
+    ("ib_msg/s", 8, ".0f", lambda r: r["ib_write_bw_msgs_per_s"], False),
+    ("msg/s", 8, ".0f", lambda r: r["plugin"]["msgs_per_s"], False),
+    ("/ib", 5, ".2f", lambda r: r["msgs_vs_ib_write_bw"], False),
+    ("vs", 8, ".0f", against("msgs_per_s"), True),
+    ("/vs", 5, ".2f", lambda r: r["msgs_vs_against"], True),
+    ("cpu.s", 6, ".1f", lambda r: r["plugin"]["cpu_send_us_per_msg"], False),
+    ("cpu.r", 6, ".1f", lambda r: r["plugin"]["cpu_recv_us_per_msg"], False),
+    ("vs.s", 6, ".1f", against("cpu_send_us_per_msg"), True),
+    ("vs.r", 6, ".1f", against("cpu_recv_us_per_msg"), True),
+]
+columns = [c for c in columns if other or not c[4]]
+print(" ".join(f"{name:>{width}}" for name, width, *_ in columns))
 print("# bw in MB/s (10^6 B), lat in us (ping-pong, half the round trip), msg/s in the bandwidth phase (ib_msg/s: ib_write_bw's, one write per message), cpu in us per message (bandwidth phase); /ib and /vs are ours over theirs")
 for r in rows:
-    o = r["plugin"]
-    line = f"{r['size']:>9} {f(r['ib_write_bw_mb_per_s'], '.1f'):>9} {f(o['bw_mb_per_s'], '.1f'):>9} {f(r['bw_vs_ib_write_bw'], '.2f'):>5}"
-    if other:
-        line += f" {f(r['against']['bw_mb_per_s'], '.1f'):>9} {f(r['bw_vs_against'], '.2f'):>5}"
-    line += f" {f(r['ib_write_lat_us'], '.2f'):>8} {f(o['lat_us'], '.2f'):>8} {f(r['lat_vs_ib_write_lat'], '.2f'):>5}"
-    if other:
-        line += f" {f(r['against']['lat_us'], '.2f'):>8} {f(r['lat_vs_against'], '.2f'):>5}"
-    line += f" {f(r['ib_write_bw_msgs_per_s'], '.0f'):>8} {f(o['msgs_per_s'], '.0f'):>8} {f(r['msgs_vs_ib_write_bw'], '.2f'):>5}"
-    if other:
-        line += f" {f(r['against']['msgs_per_s'], '.0f'):>8} {f(r['msgs_vs_against'], '.2f'):>5}"
-    line += f" {f(o['cpu_send_us_per_msg'], '.1f'):>6} {f(o['cpu_recv_us_per_msg'], '.1f'):>6}"
-    if other:
-        line += f" {f(r['against']['cpu_send_us_per_msg'], '.1f'):>6} {f(r['against']['cpu_recv_us_per_msg'], '.1f'):>6}"
-    print(line)
+    print(" ".join(f"{f(value(r), spec):>{width}}" for _, width, spec, value, _ in columns))
 if other and runs > 1:
     print("# paired runs (run i of ours over run i of theirs): median [lowest-highest] of the ratios")
     print(f"{'size(B)':>9} {'lat/vs':>18} {'msg/s /vs':>18}")
