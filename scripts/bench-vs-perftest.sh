@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Side by side on one RDMA device, in one run: perftest's ib_write_bw (bandwidth, and message
 # rate with one write per message) and ib_write_lat, then nccl-net-bench through an ncclNet
-# plugin and, with --against, through another plugin too, alternating the two several times;
-# prints medians and ratios per size and, with --against, the spread of the paired ratios (run i
-# of one over run i of the other). Run it where the device is (inside the Soft-RoCE VM:
-# scripts/rdma-vm.sh scripts/bench-vs-perftest.sh ...).
+# plugin and, with --against, through another plugin too, all three in turn, several times;
+# prints medians and ratios per size and, with more than one run, the spread of the paired
+# ratios (run i of the plugin over run i of perftest, and of the other plugin). Run it where the
+# device is (inside the Soft-RoCE VM: scripts/rdma-vm.sh scripts/bench-vs-perftest.sh ...).
 #
 # usage: scripts/bench-vs-perftest.sh [--plugin PATH.so] [--against PATH.so [--preload LIB]]
 #          [--runs N] [--dev NAME] [--bytes BYTES] [--max BYTES] [--inflight N] [--bench PATH]
@@ -14,7 +14,8 @@
 #   --against  a second plugin, measured the same way in the same run (any ncclNet v8..v12)
 #   --preload  LD_PRELOAD for the --against plugin's runs only (a .so, or a .c compiled here),
 #              e.g. ../shared/reference-plugin/realpath_rxe.c for the reference plugin on rxe
-#   --runs     sweeps per plugin, alternating (default 3 with --against, else 1); medians
+#   --runs     rounds of perftest, the plugin and the other plugin in turn (default 3 with
+#              --against, else 1); medians
 #   --dev      RDMA device (default rxe0); the plugin device with that name is used
 #   --bytes    bytes moved per size by both tools (default 128M)
 #   --max      largest message (default 64M)
@@ -114,21 +115,24 @@ perftest() { # perftest TOOL SIZE ITERS -> the result line's fields
   awk -v s="$size" '$1 == s && NF >= 5 { print; exit }' "$work/client"
 }
 
-echo "# device $dev (GID index $gid), $bytes bytes per size, $runs run(s) per plugin" >&2
+echo "# device $dev (GID index $gid), $bytes bytes per size, $runs run(s) of each tool" >&2
 sizes=()
 for ((s = 8; s <= max; s *= 2)); do sizes+=("$s"); done
-for s in "${sizes[@]}"; do
-  echo "perftest: $s B" >&2
-  # ib_write_bw's BW average is in MB/sec (2^20 bytes); convert to 10^6 bytes like the bench.
-  # Its MsgRate (Mpps) is the device's rate of single writes, one work request per post.
-  read -r bw msgs < <(perftest ib_write_bw "$s" "$(iters_for "$s")" |
-    awk '$4 > 0 { printf "%.3f %.0f\n", $4 * 1.048576, $5 * 1e6 }') || true
-  lat=-
-  if [ "$s" -le 65536 ]; then
-    lat="$(perftest ib_write_lat "$s" 1000 | awk '$6 > 0 { print $6 }')"
-  fi
-  echo "$s ${bw:--} ${msgs:--} ${lat:--}"
-done >"$work/perftest.txt"
+perftest_sweep() { # perftest_sweep RUN -> perftest.RUN.txt: size, bw, msg/s, lat per line
+  local run="$1"
+  for s in "${sizes[@]}"; do
+    echo "perftest run $run: $s B" >&2
+    # ib_write_bw's BW average is in MB/sec (2^20 bytes); convert to 10^6 bytes like the bench.
+    # Its MsgRate (Mpps) is the device's rate of single writes, one work request per post.
+    read -r bw msgs < <(perftest ib_write_bw "$s" "$(iters_for "$s")" |
+      awk '$4 > 0 { printf "%.3f %.0f\n", $4 * 1.048576, $5 * 1e6 }') || true
+    lat=-
+    if [ "$s" -le 65536 ]; then
+      lat="$(perftest ib_write_lat "$s" 1000 | awk '$6 > 0 { print $6 }')"
+    fi
+    echo "$s ${bw:--} ${msgs:--} ${lat:--}"
+  done >"$work/perftest.$run.txt"
+}
 
 sweep() { # sweep NAME PLUGIN RUN [VAR=VALUE...]
   local name="$1" lib="$2" run="$3"
@@ -138,7 +142,10 @@ sweep() { # sweep NAME PLUGIN RUN [VAR=VALUE...]
     --inflight "$inflight" "${ping_arg[@]}" --json >"$work/$name.$run.json" 2>"$work/$name.$run.err" ||
     { cat "$work/$name.$run.err" >&2; exit 1; }
 }
+# Each round runs the three in turn, so that run i of each meets about the same moment of a
+# host whose speed drifts.
 for ((run = 1; run <= runs; run++)); do
+  perftest_sweep "$run"
   sweep plugin "$plugin" "$run" "${plugin_env[@]}"
   [ -n "$against" ] && sweep against "$against" "$run" "LD_PRELOAD=$preload"
 done
@@ -151,10 +158,14 @@ ping, plugin_env = sys.argv[5], sys.argv[6:]
 num = lambda v: None if v == "-" or not math.isfinite(float(v)) else float(v)
 # The benchmark writes null for a figure it could not compute; the median skips those.
 median = lambda vs: statistics.median(vs) if vs else None
-perf = {}
-for line in open(f"{work}/perftest.txt"):
-    size, bw, msgs, lat = line.split()
-    perf[int(size)] = (num(bw), num(msgs), num(lat))
+# perftest's runs per size: (bw, msg/s, lat) of each run.
+perf_runs = {}
+for r in range(1, runs + 1):
+    for line in open(f"{work}/perftest.{r}.txt"):
+        size, bw, msgs, lat = line.split()
+        perf_runs.setdefault(int(size), []).append((num(bw), num(msgs), num(lat)))
+perf = {size: tuple(median([v for v in vs if v is not None]) for vs in zip(*rs))
+        for size, rs in perf_runs.items()}
 FIELDS = ["bw_mb_per_s", "msgs_per_s", "lat_us", "cpu_send_us_per_msg", "cpu_recv_us_per_msg"]
 
 def load(name):
@@ -173,13 +184,17 @@ ratio = lambda a, b: None if not a or not b else a / b
 rows = []
 for size, (pbw, pmsgs, plat) in sorted(perf.items()):
     o = ours["medians"][size]
+    # Run i of this plugin over run i of perftest or of the other plugin (adjacent in time):
+    # their spread shows whether a ratio of the medians is resolved on this host or within its
+    # noise.
+    by_ib = lambda f, i: [ratio(x, p[i]) for x, p in zip(o["runs"][f], perf_runs[size])]
     row = {"size": size, "ib_write_bw_mb_per_s": pbw, "ib_write_bw_msgs_per_s": pmsgs, "ib_write_lat_us": plat,
            "plugin": o, "bw_vs_ib_write_bw": ratio(o["bw_mb_per_s"], pbw),
-           "msgs_vs_ib_write_bw": ratio(o["msgs_per_s"], pmsgs), "lat_vs_ib_write_lat": ratio(o["lat_us"], plat)}
+           "msgs_vs_ib_write_bw": ratio(o["msgs_per_s"], pmsgs), "lat_vs_ib_write_lat": ratio(o["lat_us"], plat),
+           "perftest_runs": [{"bw_mb_per_s": b, "msgs_per_s": m, "lat_us": l} for b, m, l in perf_runs[size]],
+           "paired_vs_perftest": {"bw": by_ib("bw_mb_per_s", 0), "lat": by_ib("lat_us", 2)}}
     if other:
         a = other["medians"][size]
-        # Run i of one plugin over run i of the other (adjacent in time): their spread shows
-        # whether the ratio of the medians is resolved on this host or within its noise.
         paired = lambda f: [ratio(x, y) for x, y in zip(o["runs"][f], a["runs"][f])]
         row.update({"against": a, "bw_vs_against": ratio(o["bw_mb_per_s"], a["bw_mb_per_s"]),
                     "lat_vs_against": ratio(o["lat_us"], a["lat_us"]),
@@ -226,13 +241,18 @@ print(" ".join(f"{name:>{width}}" for name, width, *_ in columns))
 print("# bw in MB/s (10^6 B), lat in us (ping-pong, half the round trip), msg/s in the bandwidth phase (ib_msg/s: ib_write_bw's, one write per message), cpu in us per message (bandwidth phase); /ib and /vs are ours over theirs")
 for r in rows:
     print(" ".join(f"{f(value(r), spec):>{width}}" for _, width, spec, value, _ in columns))
-if other and runs > 1:
-    print("# paired runs (run i of ours over run i of theirs): median [lowest-highest] of the ratios")
-    print(f"{'size(B)':>9} {'lat/vs':>18} {'msg/s /vs':>18}")
+if runs > 1:
+    print("# paired runs (run i of ours over run i of perftest" + (" and of theirs" if other else "")
+          + "): median [lowest-highest] of the ratios")
+    print(f"{'size(B)':>9} {'bw/ib':>18} {'lat/ib':>18}" + (f" {'lat/vs':>18} {'msg/s /vs':>18}" if other else ""))
     def spread(vs):
         vs = [v for v in vs if v is not None]
         return f"{median(vs):.2f} [{min(vs):.2f}-{max(vs):.2f}]" if vs else "-"
     for r in rows:
-        p = r["paired_vs_against"]
-        print(f"{r['size']:>9} {spread(p['lat']):>18} {spread(p['msgs']):>18}")
+        ib = r["paired_vs_perftest"]
+        line = f"{r['size']:>9} {spread(ib['bw']):>18} {spread(ib['lat']):>18}"
+        if other:
+            p = r["paired_vs_against"]
+            line += f" {spread(p['lat']):>18} {spread(p['msgs']):>18}"
+        print(line)
 PY

@@ -282,8 +282,9 @@ fn table_output_has_a_header_and_a_row_per_size() {
     }
 }
 
-/// `scripts/bench-vs-perftest.sh --against`: perftest and two plugins in one run, alternating,
-/// medians, ratios and each run's paired ratios per size in its JSON (here with `--recv-late`
+/// `scripts/bench-vs-perftest.sh --against`: perftest and two plugins in one run, in turn,
+/// medians, ratios and each run's paired ratios (against perftest and the other plugin) per
+/// size in its JSON (here with `--recv-late`
 /// and `--plugin-env`). The other plugin here is this one again (the mechanics, not a verdict;
 /// the README's table uses the reference plugin).
 #[test]
@@ -380,6 +381,24 @@ fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
                 row[figure].as_f64().is_some_and(|v| v > 0.0),
                 "{ratio} in {row}"
             );
+        }
+        // perftest ran once per run, before the plugins' runs; run i of this plugin over run i
+        // of perftest, null where perftest gave no figure.
+        let perftest_runs = row["perftest_runs"].as_array().unwrap();
+        assert_eq!(perftest_runs.len(), 2, "{row}");
+        for (paired, field) in [("bw", "bw_mb_per_s"), ("lat", "lat_us")] {
+            let ratios = row["paired_vs_perftest"][paired].as_array().unwrap();
+            assert_eq!(ratios.len(), 2, "{row}");
+            for (i, r) in ratios.iter().enumerate() {
+                let ours = row["plugin"]["runs"][field][i].as_f64().unwrap();
+                match perftest_runs[i][field].as_f64() {
+                    Some(ib) if ib > 0.0 => {
+                        let r = r.as_f64().unwrap();
+                        assert!((r - ours / ib).abs() <= 1e-9 * r, "{paired} {i} in {row}");
+                    }
+                    _ => assert!(r.is_null(), "{paired} {i} in {row}"),
+                }
+            }
         }
     }
 }
