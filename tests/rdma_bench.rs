@@ -284,9 +284,8 @@ fn table_output_has_a_header_and_a_row_per_size() {
 
 /// `scripts/bench-vs-perftest.sh --against`: perftest and two plugins in one run, in turn,
 /// medians, ratios and each run's paired ratios (against perftest and the other plugin) per
-/// size in its JSON (here with `--recv-late`
-/// and `--plugin-env`). The other plugin here is this one again (the mechanics, not a verdict;
-/// the README's table uses the reference plugin).
+/// size in its JSON (here with `--recv-late` and `--plugin-env`). The other plugin here is this
+/// one again (the mechanics, not a verdict; the README's table uses the reference plugin).
 #[test]
 fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
     let _alone = DEVICE.write().unwrap_or_else(PoisonError::into_inner);
@@ -348,30 +347,15 @@ fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
         for ratio in ["bw_vs_against", "lat_vs_against", "msgs_vs_against"] {
             assert!(row[ratio].as_f64().unwrap() > 0.0, "{ratio} in {row}");
         }
+        let runs = |side: &str, field: &str| row[side]["runs"][field].as_array().unwrap().clone();
         // Run i of one plugin over run i of the other, one ratio per run, in run order.
         for (paired, field) in [("lat", "lat_us"), ("msgs", "msgs_per_s")] {
-            let ratios: Vec<f64> = row["paired_vs_against"][paired]
-                .as_array()
-                .unwrap()
+            let pairs = runs("plugin", field)
                 .iter()
-                .map(|r| r.as_f64().unwrap())
+                .zip(runs("against", field))
+                .map(|(o, a)| (o.as_f64().unwrap(), Some(a.as_f64().unwrap())))
                 .collect();
-            let runs = |side: &str| row[side]["runs"][field].as_array().unwrap().clone();
-            let expected: Vec<f64> = runs("plugin")
-                .iter()
-                .zip(runs("against"))
-                .map(|(o, a)| o.as_f64().unwrap() / a.as_f64().unwrap())
-                .collect();
-            // (serde_json's float parsing may differ from Python's in the last bit.)
-            let same = ratios.len() == expected.len()
-                && ratios
-                    .iter()
-                    .zip(&expected)
-                    .all(|(r, e)| (r - e).abs() <= 1e-9 * e.abs());
-            assert!(
-                same,
-                "paired {paired}: {ratios:?}, expected {expected:?} in {row}"
-            );
+            assert_paired(&row["paired_vs_against"][paired], pairs, row);
         }
         // perftest on a loaded host sometimes fails a run or prints "inf": the script reports
         // that figure (and its ratio) as null, never as invalid JSON or a made-up number.
@@ -387,18 +371,36 @@ fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
         let perftest_runs = row["perftest_runs"].as_array().unwrap();
         assert_eq!(perftest_runs.len(), 2, "{row}");
         for (paired, field) in [("bw", "bw_mb_per_s"), ("lat", "lat_us")] {
-            let ratios = row["paired_vs_perftest"][paired].as_array().unwrap();
-            assert_eq!(ratios.len(), 2, "{row}");
-            for (i, r) in ratios.iter().enumerate() {
-                let ours = row["plugin"]["runs"][field][i].as_f64().unwrap();
-                match perftest_runs[i][field].as_f64() {
-                    Some(ib) if ib > 0.0 => {
-                        let r = r.as_f64().unwrap();
-                        assert!((r - ours / ib).abs() <= 1e-9 * r, "{paired} {i} in {row}");
-                    }
-                    _ => assert!(r.is_null(), "{paired} {i} in {row}"),
-                }
+            let pairs = runs("plugin", field)
+                .iter()
+                .zip(perftest_runs)
+                .map(|(o, ib)| (o.as_f64().unwrap(), ib[field].as_f64().filter(|&v| v > 0.0)))
+                .collect();
+            assert_paired(&row["paired_vs_perftest"][paired], pairs, row);
+        }
+    }
+}
+
+/// A list of paired ratios in `bench-vs-perftest.sh`'s JSON: one per run, in run order, each
+/// `ours / theirs` of that run's `(ours, theirs)`, and null where `theirs` is missing.
+fn assert_paired(
+    ratios: &serde_json::Value,
+    pairs: Vec<(f64, Option<f64>)>,
+    row: &serde_json::Value,
+) {
+    let ratios = ratios.as_array().unwrap();
+    assert_eq!(ratios.len(), pairs.len(), "{row}");
+    for (r, (ours, theirs)) in ratios.iter().zip(pairs) {
+        match theirs {
+            // (serde_json's float parsing may differ from Python's in the last bit.)
+            Some(theirs) => {
+                let (r, e) = (r.as_f64().unwrap(), ours / theirs);
+                assert!(
+                    (r - e).abs() <= 1e-9 * e.abs(),
+                    "{r}, expected {e} in {row}"
+                );
             }
+            None => assert!(r.is_null(), "{r}, expected null in {row}"),
         }
     }
 }
