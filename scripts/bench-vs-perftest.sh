@@ -181,21 +181,22 @@ def load(name):
 ours = load("plugin")
 other = load("against") if with_against else None
 ratio = lambda a, b: None if not a or not b else a / b
+# Run i of this plugin over run i of perftest or of the other plugin (adjacent in time): their
+# spread shows whether a ratio of the medians is resolved on this host or within its noise.
+ratios_by_run = lambda ours_runs, theirs_runs: [ratio(x, y) for x, y in zip(ours_runs, theirs_runs)]
 rows = []
 for size, (pbw, pmsgs, plat) in sorted(perf.items()):
     o = ours["medians"][size]
-    # Run i of this plugin over run i of perftest or of the other plugin (adjacent in time):
-    # their spread shows whether a ratio of the medians is resolved on this host or within its
-    # noise.
-    by_ib = lambda f, i: [ratio(x, p[i]) for x, p in zip(o["runs"][f], perf_runs[size])]
+    ib_runs = [{"bw_mb_per_s": b, "msgs_per_s": m, "lat_us": l} for b, m, l in perf_runs[size]]
+    by_ib = lambda f: ratios_by_run(o["runs"][f], [r[f] for r in ib_runs])
     row = {"size": size, "ib_write_bw_mb_per_s": pbw, "ib_write_bw_msgs_per_s": pmsgs, "ib_write_lat_us": plat,
            "plugin": o, "bw_vs_ib_write_bw": ratio(o["bw_mb_per_s"], pbw),
            "msgs_vs_ib_write_bw": ratio(o["msgs_per_s"], pmsgs), "lat_vs_ib_write_lat": ratio(o["lat_us"], plat),
-           "perftest_runs": [{"bw_mb_per_s": b, "msgs_per_s": m, "lat_us": l} for b, m, l in perf_runs[size]],
-           "paired_vs_perftest": {"bw": by_ib("bw_mb_per_s", 0), "lat": by_ib("lat_us", 2)}}
+           "perftest_runs": ib_runs,
+           "paired_vs_perftest": {"bw": by_ib("bw_mb_per_s"), "lat": by_ib("lat_us")}}
     if other:
         a = other["medians"][size]
-        paired = lambda f: [ratio(x, y) for x, y in zip(o["runs"][f], a["runs"][f])]
+        paired = lambda f: ratios_by_run(o["runs"][f], a["runs"][f])
         row.update({"against": a, "bw_vs_against": ratio(o["bw_mb_per_s"], a["bw_mb_per_s"]),
                     "lat_vs_against": ratio(o["lat_us"], a["lat_us"]),
                     "msgs_vs_against": ratio(o["msgs_per_s"], a["msgs_per_s"]),
