@@ -3,8 +3,8 @@
 # cdylib, in the `plugin` profile (Cargo.toml: release settings), target/plugin/libnccl_net.so.
 # `cargo build` makes the crate a cdylib and an rlib at once (the tests and tools link the rlib);
 # rustc then does no LTO and calls between the library's own functions go through the GOT. Built
-# alone it gets fat LTO and direct calls: fewer instructions per isend/irecv (README,
-# Performance).
+# alone it gets fat LTO and direct calls: fewer instructions per isend/irecv
+# (docs/history/measurements-2026-11.md).
 #
 # usage: scripts/build-plugin.sh   (cargo's output on stderr, the path on stdout)
 set -euo pipefail

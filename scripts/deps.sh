@@ -7,9 +7,8 @@
 #   build  compilers and verbs headers for `cargo build` / `cargo test` on the host
 #   vm     qemu, busybox (virtme-ng builds the VM's initramfs with it), Debian's kernel (which
 #          has rdma_rxe), rdma-core tools, perftest, and virtme-ng
-#   profile  strace, perf, valgrind, gcc, objdump and addr2line, for the per-message profiling in README
-#            "Performance"
-#            (run inside the VM, which shares this filesystem); not needed by the tests
+#   profile  strace, perf, valgrind, gcc, objdump and addr2line, for the per-call profiling in
+#            docs/benchmarking.md (run inside the VM, which shares this filesystem); not needed by the tests
 # Prints the venv's bin directory on stdout when `vm` is given (for PATH).
 set -euo pipefail
 

@@ -4,9 +4,10 @@
 # usage: scripts/rdma-vm.sh CMD [ARGS...]
 #
 # Boots Debian's kernel under qemu (software emulation, no KVM needed) with virtme-ng, sharing
-# the host filesystem (the repository read-write), loads rdma_rxe, creates rxe0 on lo and rxe1
-# on a dummy netdev addressed 127.0.1.1/32, then runs CMD from the current directory. The VM has
-# no other network device, so no traffic leaves it. Works without a TTY.
+# the host filesystem (the repository read-write), loads rdma_rxe, creates rxe0 on lo, and rxe1
+# and rxe2 on the two ends of a veth pair (127.0.1.1 and 127.0.1.2; see vm-guest.sh), then runs
+# CMD from the current directory. The VM has no other network device, so no traffic leaves it.
+# Works without a TTY.
 #
 # Environment: NCCL_NET_RS_VM_TIMEOUT (seconds, default 2400), NCCL_NET_RS_VM_MEMORY (default 6G:
 # the 2 GiB-message test pins a little over 2 GiB in each of two processes),

@@ -3,7 +3,8 @@
 #   1. installs what it needs (scripts/deps.sh, idempotent),
 #   2. checks formatting and lints (cargo fmt, cargo clippy -D warnings),
 #   3. runs `cargo test` on the host, then the GPU tests (which say "skipped: no GPU" without one),
-#   4. checks scripts/install.sh and the installed files,
+#   4. checks scripts/install.sh and the installed files, then builds the Debian package
+#      (scripts/package.sh), installs it with dpkg, checks what NCCL and the doctor see, removes it,
 #   5. runs the RDMA suites inside the Soft-RoCE VM (scripts/rdma-vm.sh); they fail without it.
 # The last line is the summary over every suite: "summary: N passed, M failed, K skipped", where
 # skipped counts the GPU tests that printed "<name>: skipped: <why>" (they pass in libtest's eyes).
@@ -59,6 +60,44 @@ ldconfig_caches_both() {
   done
 }
 
+# The Debian package, installed for real: the loader must find both names through the package's
+# ld.so.conf.d entry, and the doctor on PATH must see NCCL open this plugin for NCCL_NET_PLUGIN=rsib
+# (plugin.load PASS; no RDMA device is needed for that). Removed afterwards, pass or fail.
+check_package() {
+  local deb rc=0
+  deb="$(scripts/package.sh)" || return 1
+  dpkg -r nccl-net-rsib >/dev/null 2>&1 # left over from an interrupted run
+  dpkg -i "$deb" || return 1
+  package_serves_nccl || rc=1
+  dpkg -r nccl-net-rsib || rc=1
+  package_is_gone || rc=1
+  [ "$rc" -eq 0 ] && echo "package check: $(basename "$deb") installed with dpkg -i, the loader" \
+    "found libnccl-net.so and libnccl-net-rsib.so, nccl-net-doctor saw NCCL open RsIB, removed cleanly"
+  return "$rc"
+}
+
+package_serves_nccl() {
+  local cache doctor line
+  cache="$(/sbin/ldconfig -p)"
+  for name in libnccl-net.so libnccl-net-rsib.so; do
+    grep -q "^[[:space:]]*$name (.*/nccl-net-rsib/$name\$" <<<"$cache" ||
+      { echo "the loader's cache has no $name from the package"; return 1; }
+  done
+  doctor="$(command -v nccl-net-doctor)"
+  [ "$doctor" = /usr/bin/nccl-net-doctor ] || { echo "nccl-net-doctor on PATH is '$doctor'"; return 1; }
+  line="$(env -u LD_LIBRARY_PATH HOME=/nonexistent NCCL_NET_PLUGIN=rsib nccl-net-doctor --color never |
+    grep -E '^[A-Z]+ +plugin\.load ')"
+  echo "$line"
+  grep -q '^PASS .*NCCL opens libnccl-net-rsib.so = /usr/lib/.*/nccl-net-rsib/libnccl-net-rsib.so (RsIB, ncclNet v12' \
+    <<<"$line" || { echo "plugin.load does not pass for the package's library"; return 1; }
+}
+
+package_is_gone() {
+  ! /sbin/ldconfig -p | grep -q 'nccl-net-rsib/' && [ ! -e /usr/bin/nccl-net-doctor ] &&
+    [ ! -e /etc/ld.so.conf.d/nccl-net-rsib.conf ] ||
+    { echo "dpkg -r left files or cache entries of nccl-net-rsib behind"; return 1; }
+}
+
 build_rdma_suites() {
   local args=()
   for s in "${rdma_suites[@]}"; do args+=(--test "$s"); done
@@ -76,6 +115,7 @@ step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked
 step host-tests cargo test --locked
 step gpu-tests cargo test --locked --test gpu -- --nocapture --test-threads=1
 step install check_install
+step package check_package
 step rdma-build build_rdma_suites
 if [ -s "$logs/rdma-binaries.txt" ]; then
   mapfile -t rdma_binaries <"$logs/rdma-binaries.txt"

@@ -252,7 +252,7 @@ fn interleaved_plugins_run_in_alternating_blocks_with_verified_data() {
 
 /// `scripts/bench-interleaved.sh`: interleaved runs with the plugins' positions swapped each
 /// run, the block pairs' ratios ours/theirs pooled over the runs, each run's median listed (the
-/// fixture's two libraries here: the mechanics; the README's table uses the reference plugin).
+/// fixture's two libraries here: the mechanics; docs/performance.md uses the reference plugin).
 #[test]
 fn interleaved_runs_swap_positions_and_pool_the_block_pairs() {
     let [ours, theirs] = fixture_plugins();

@@ -285,7 +285,7 @@ fn table_output_has_a_header_and_a_row_per_size() {
 /// `scripts/bench-vs-perftest.sh --against`: perftest and two plugins in one run, in turn,
 /// medians, ratios and each run's paired ratios (against perftest and the other plugin) per
 /// size in its JSON (here with `--recv-late` and `--plugin-env`). The other plugin here is this
-/// one again (the mechanics, not a verdict; the README's table uses the reference plugin).
+/// one again (the mechanics, not a verdict; docs/performance.md uses the reference plugin).
 #[test]
 fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
     let _alone = DEVICE.write().unwrap_or_else(PoisonError::into_inner);
@@ -302,7 +302,7 @@ fn side_by_side_against_another_plugin_reports_medians_and_ratios() {
         .args(["--runs", "2", "--max", "4K", "--bytes", "256K", "--json"])
         .args(["--bench", env!("CARGO_BIN_EXE_nccl-net-bench")])
         // This plugin without its eager path against itself with it, late receives: the
-        // README's eager comparison.
+        // eager comparison in docs/performance.md.
         .args(["--recv-late", "--plugin-env", "NCCL_NET_RS_EAGER_BYTES=0"])
         .output()
         .unwrap();

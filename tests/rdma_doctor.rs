@@ -149,8 +149,52 @@ impl Drop for Undo {
     }
 }
 
+/// The sample in docs/doctor.md, between its two `<!-- doctor-sample -->` markers, without the
+/// code fence.
+fn documented_sample() -> Vec<String> {
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/doctor.md")).unwrap();
+    let block = page
+        .split("<!-- doctor-sample -->")
+        .nth(1)
+        .expect("docs/doctor.md has a <!-- doctor-sample --> block");
+    block
+        .lines()
+        .filter(|l| !l.starts_with("```"))
+        .skip_while(|l| l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A line of the doctor's output with what changes from run to run masked: the plugin's path
+/// (where the checkout is), link-local GIDs (from each boot's MAC addresses), and the kernel
+/// log's record counts and times.
+fn masked(line: &str) -> String {
+    let kernel_log = line.split_whitespace().nth(1) == Some("kernel.log");
+    line.split(' ')
+        .map(|word| {
+            if let (Some(start), Some(end)) = (word.find('/'), word.find("libnccl_net.so")) {
+                format!(
+                    "{}<plugin>{}",
+                    &word[..start],
+                    &word[end + "libnccl_net.so".len()..]
+                )
+            } else if word.starts_with("fe80::") {
+                "fe80::<link-local>".to_owned()
+            } else if kernel_log && word.chars().any(|c| c.is_ascii_digit()) {
+                word.chars()
+                    .map(|c| if c.is_ascii_digit() { 'N' } else { c })
+                    .collect()
+            } else {
+                word.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[test]
-fn a_healthy_vm_exits_0_and_the_readme_sample_is_what_it_prints() {
+fn a_healthy_vm_exits_0_and_prints_the_documented_sample() {
     let _vm = in_vm();
     let run = doctor(&["--json"], &[]);
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
@@ -174,37 +218,52 @@ fn a_healthy_vm_exits_0_and_the_readme_sample_is_what_it_prints() {
         "uses GID index 1 127.0.1.1 (RoCE v2, veth0)",
     );
 
-    // Every finding line of the README's sample appears in a live run: same severity, check
-    // and entity (values such as link-local GIDs change with each boot's MAC addresses).
+    // docs/doctor.md shows this run's output line for line, masked only where runs differ.
     let human = doctor(&["--color", "never"], &[]);
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let sample = readme
-        .split("<!-- doctor-sample -->")
-        .nth(1)
-        .expect("README has a <!-- doctor-sample --> block");
-    let key = |line: &str| -> Option<String> {
-        let mut words = line.split_whitespace();
-        let severity = words.next()?;
-        ["PASS", "INFO", "WARN", "FAIL", "SKIP", "UNKNOWN"]
-            .contains(&severity)
-            .then(|| {
-                let check = words.next().unwrap_or("");
-                let entity = words.next().unwrap_or("");
-                format!("{severity} {check} {entity}")
-            })
-    };
-    let live: Vec<String> = human.stdout.lines().filter_map(key).collect();
-    let documented: Vec<String> = sample.lines().filter_map(key).collect();
+    assert_eq!(human.code, 0, "{}", human.stdout);
+    let live: Vec<String> = human.stdout.lines().map(masked).collect();
+    let documented: Vec<String> = documented_sample().iter().map(|l| masked(l)).collect();
     assert!(
-        !documented.is_empty(),
-        "the README sample has no finding lines"
+        documented.len() > 10,
+        "the sample in docs/doctor.md is missing"
     );
-    assert_eq!(
-        documented, live,
-        "README sample differs from the VM's output:\n{}",
+    let first_difference = documented
+        .iter()
+        .zip(&live)
+        .position(|(d, l)| d != l)
+        .unwrap_or(documented.len().min(live.len()));
+    assert!(
+        documented == live,
+        "docs/doctor.md's sample differs from what the doctor prints, first at line {}:\n  \
+         documented: {:?}\n  printed:    {:?}\nreplace the sample with this output:\n{}",
+        first_difference + 1,
+        documented.get(first_difference),
+        live.get(first_difference),
         human.stdout
     );
+}
+
+#[test]
+fn masking_hides_only_what_changes_between_runs() {
+    assert_eq!(
+        masked(
+            "PASS    plugin.load        plugin: NCCL_NET_PLUGIN=/a/b/target/debug/deps/libnccl_net.so (environment): NCCL opens /x/libnccl_net.so (RsIB, ncclNet v12)"
+        ),
+        "PASS    plugin.load        plugin: NCCL_NET_PLUGIN=<plugin> (environment): NCCL opens <plugin> (RsIB, ncclNet v12)"
+    );
+    assert_eq!(
+        masked(
+            "PASS    kernel.log         node: no NIC or GPUDirect error among 488 kernel records (from 0.0 s after boot)"
+        ),
+        "PASS    kernel.log         node: no NIC or GPUDirect error among NNN kernel records (from N.N s after boot)"
+    );
+    assert_eq!(
+        masked("index 0 fe80::24:13ff:fec5:518f (RoCE v2, veth0): link-local"),
+        "index 0 fe80::<link-local> (RoCE v2, veth0): link-local"
+    );
+    // Everything else is compared as printed: counts, MTUs and versions included.
+    let line = "summary: 0 FAIL, 3 WARN, 0 UNKNOWN, 15 SKIP, 7 INFO, 18 PASS -> WARN";
+    assert_eq!(masked(line), line);
 }
 
 #[test]

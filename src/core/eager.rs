@@ -120,7 +120,7 @@ pub fn header(seq: u64, tag: i32) -> [u8; HEADER_BYTES] {
 /// completed) once at least this many more messages completed since the last one it wrote. Half
 /// the ring: the sender still has half of it to go on with when a credit is written, and the
 /// write, a system call on a software NIC and often in the `test` that finds a message, comes
-/// every 16 messages (every 8 measured slower, README "Quiet receives").
+/// every 16 messages (every 8 measured slower: docs/history/measurements-2026-11.md).
 pub const CREDIT_EVERY: u64 = (SLOTS / 2) as u64;
 
 /// Flag in a CTS entry's `nreqs`: this receive takes no eager copy; a message sent eagerly is

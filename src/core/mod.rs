@@ -1,5 +1,6 @@
-//! The plugin's logic that needs no device, no clock and no environment: configuration and the
-//! error model (and, as the data path lands, the wire formats and protocol state machines).
+//! The plugin's logic that needs no device, no clock and no environment: configuration, the
+//! error model, the wire formats, and the receiver-driven protocol's state machines with the
+//! eager path's rules, tested by a two-sided simulation.
 //!
 //! Everything here is deterministic and unit-tested on the host. It never calls verbs, CUDA,
 //! sockets or `std::env`; callers pass values in.

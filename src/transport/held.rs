@@ -5,8 +5,8 @@
 //! queue unless the comm batches) skips the chain: [`PostQueue::post_one`] posts it at once,
 //! built on the stack, NCCL's usual message costing no chain, lock or loop.
 //!
-//! With `NCCL_NET_RS_BATCH=1` (off by default: on rxe it measured slower, see README
-//! "Performance"), two things are held. A receive comm's answers, across consecutive `irecv`s
+//! With `NCCL_NET_RS_BATCH=1` (off by default: on rxe it measures even with writing each answer
+//! at once, and a held answer may wait a watcher tick; docs/design.md), two things are held. A receive comm's answers, across consecutive `irecv`s
 //! on that comm: what NCCL's proxy does when it posts a step's receives before it tests any.
 //! And a send comm's messages that one reading of the CTS ring releases together, until the
 //! reading ends. Holding must never leave a peer waiting for something this side will not

@@ -23,7 +23,7 @@ pub struct QpCaps {
 /// not fetch them: CTS entries, batched CTS writes of up to four entries, small payloads), the
 /// most first: a QP takes the first its device grants. Latency tools inline as much (perftest's
 /// `ib_write_lat` up to 220 bytes by default); on rxe, 256 against 64 shortened the half round
-/// trip at 128 and 256 B by 2% and left other sizes level (README, Performance).
+/// trip at 128 and 256 B by 2% and left other sizes level (docs/history/measurements-2026-11.md).
 const INLINE_LADDER: [u32; 3] = [256, 64, 0];
 
 /// The remote end a QP connects to.

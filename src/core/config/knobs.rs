@@ -5,7 +5,7 @@
 
 use std::ffi::OsString;
 
-/// One knob: its name, its default, and what it means, as the README documents it.
+/// One knob: its name, its default, and what it means, as docs/configuration.md documents it.
 #[derive(Debug)]
 pub struct Knob {
     /// Environment variable name.
@@ -16,7 +16,8 @@ pub struct Knob {
     pub meaning: &'static str,
 }
 
-/// Every variable the plugin honours. `tests/repository.rs` checks that the README lists each.
+/// Every variable the plugin honours. `tests/repository.rs` checks that docs/configuration.md
+/// lists each, with this default.
 pub const KNOBS: &[Knob] = &[
     Knob {
         name: "NCCL_IB_HCA",

@@ -189,13 +189,14 @@ pub struct Config {
     pub return_async_events: bool,
     /// Largest message of the eager path (`NCCL_NET_RS_EAGER_BYTES`); 0 = off.
     pub eager_bytes: u64,
-    /// Offer quiet receives (`NCCL_NET_RS_QUIET`, see `core::proto`); off by default: on rxe
-    /// only the latency of the smallest messages gains, see README "Performance".
+    /// Offer quiet receives (`NCCL_NET_RS_QUIET`, see `core::proto`); off by default: a
+    /// truncated quiet eager send reports the size it was given (docs/design.md).
     pub quiet: bool,
     /// How long a quiet receive waits for an eager message before it writes its CTS.
     pub quiet_wait: Duration,
     /// Hold the answers of back-to-back receives for one write (`NCCL_NET_RS_BATCH`); off by
-    /// default: measured slower on rxe, see README "Performance".
+    /// default: it measures even on rxe, and a held answer may wait a watcher tick
+    /// (docs/design.md).
     pub batch: bool,
 }
 

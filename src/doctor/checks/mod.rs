@@ -34,7 +34,7 @@ use pci::{iommu, pcie_acs, pcie_link, topo_numa};
 use plugin::{env_config, plugin_devices, plugin_load};
 use ports::{ib_pkey, link_rate, mtu, port_state, roce_gid};
 
-/// Every node check: id and what it looks at, in report order (README lists them).
+/// Every node check: id and what it looks at, in report order (docs/doctor.md lists them).
 pub const CHECKS: &[(&str, &str)] = &[
     (
         "verbs.provider",

@@ -15,7 +15,7 @@ pub(super) fn env_config(facts: &NodeFacts) -> Vec<Finding> {
                 "plugin",
                 format!("init would refuse: {err}"),
             )
-            .fix("correct or unset the variable; the plugin's defaults are in the README"),
+            .fix("correct or unset the variable; every variable's default and range is in the plugin's docs/configuration.md (/usr/share/doc/nccl-net-rsib/docs/ with the package)"),
         );
     }
     if let (Some(hca), Err(why)) = (&facts.config.ib_hca, &facts.survey.selection)
