@@ -1,0 +1,972 @@
+//! The sending side: captured clear-to-sends, matching sends to them, the writes that carry a
+//! message, eager messages and their answers.
+
+use super::*;
+
+/// Requests a send side can have in flight: every entry of every slot, plus the eager sends a
+/// renumbering holds back (one per slot).
+pub const SEND_REQUESTS: usize = SLOTS * (MAX_RECVS + 1);
+
+/// How an eager message goes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Eager {
+    /// Before its CTS: the receiver answers it, or (quiet receive) the credit accounts for it.
+    Unannounced,
+    /// Into a receive whose CTS promised the copy: delivered once written.
+    Promised,
+}
+
+/// The request of an eager send NCCL already saw done (its payload is in the staging ring):
+/// what is left of it completes without NCCL.
+const DETACHED: usize = usize::MAX;
+
+/// The sender's staging ring for eager messages on a connection with quiet receives: slot `s`
+/// at [`eager::slot_offset`]`(s)`, a header and then the payload, as in the bounce ring.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Staging {
+    /// Address of slot 0.
+    pub addr: u64,
+    /// Local keys of its registration, one per local member.
+    pub lkeys: [u32; MAX_FUSED_MEMBERS],
+}
+
+/// A message whose CTS the sender captured. One per slot, reused: a message's CTS is copied
+/// into it in place, never built and moved (over 1 KiB with eight entries), and starting over
+/// clears two masks, not the matched sends.
+#[derive(Copy, Clone, Debug, Default)]
+struct Rendezvous {
+    cts: Group<Cts>,
+    /// The send matched to each entry, with its request: valid where `matched` has the bit.
+    sends: [(SendBuf, usize); MAX_RECVS],
+    /// Entries matched to a send (bit `i` for entry `i`).
+    matched: u8,
+    /// Entries NCCL saw done.
+    tested: u8,
+    pending: usize,
+    posted: bool,
+}
+
+/// The mask of the first `n` entries.
+fn entries_mask(n: usize) -> u8 {
+    u8::try_from((1u16 << n) - 1).unwrap_or(u8::MAX)
+}
+
+impl Rendezvous {
+    /// Start over for the message whose CTS entries are `cts`.
+    fn reset(&mut self, cts: &[Cts]) {
+        self.cts.clear();
+        for c in cts {
+            self.cts.push(*c);
+        }
+        self.matched = 0;
+        self.tested = 0;
+        self.pending = 0;
+        self.posted = false;
+    }
+
+    fn all_matched(&self) -> bool {
+        self.matched == entries_mask(self.cts.len())
+    }
+
+    /// The first unmatched entry with `tag`.
+    fn free_entry(&self, tag: i32) -> Option<usize> {
+        (0..self.cts.len()).find(|&i| self.matched & (1 << i) == 0 && self.cts[i].tag == tag)
+    }
+
+    /// The matched sends, with their entries.
+    fn matched_sends(&self) -> impl Iterator<Item = (usize, &(SendBuf, usize))> {
+        (0..self.cts.len())
+            .filter(|&i| self.matched & (1 << i) != 0)
+            .map(|i| (i, &self.sends[i]))
+    }
+
+    /// The entry request `req`'s send was matched to.
+    fn entry_of(&self, req: usize) -> Option<usize> {
+        self.matched_sends()
+            .find(|(_, (_, q))| *q == req)
+            .map(|(e, _)| e)
+    }
+
+    /// Match `buf` (request `req`) to unmatched entry `entry` (of its tag), clamped to the
+    /// entry's size; returns `(requested, delivered)` when truncated.
+    #[inline(always)]
+    fn take_entry(&mut self, entry: usize, buf: SendBuf, req: usize) -> Option<(u64, u64)> {
+        let capacity = self.cts[entry].size;
+        let truncated = (buf.size > capacity).then_some((buf.size, capacity));
+        let clamped = SendBuf {
+            size: buf.size.min(capacity),
+            ..buf
+        };
+        self.sends[entry] = (clamped, req);
+        self.matched |= 1 << entry;
+        if req == DETACHED {
+            // NCCL saw this send done already.
+            self.tested |= 1 << entry;
+        }
+        truncated
+    }
+
+    /// Match `buf` to the first unmatched entry with its tag; returns the entry and
+    /// `(requested, delivered)` when truncated.
+    fn take(&mut self, buf: SendBuf, req: usize) -> Option<(usize, Option<(u64, u64)>)> {
+        let entry = self.free_entry(buf.tag)?;
+        Some((entry, self.take_entry(entry, buf, req)))
+    }
+}
+
+#[derive(Copy, Clone, Debug)]
+enum SlotState {
+    /// Sent eagerly; `delivered` (whole) once the receiver acknowledged it, promised the copy
+    /// or went past it, `sent` once the sender's own write completed (NCCL may then reuse the
+    /// buffer). With quiet receives, `buf` is the copy in the staging ring and the send is
+    /// done once sent; NCCL may release it before it is delivered (`req` is then [`DETACHED`]).
+    Eager {
+        req: usize,
+        buf: SendBuf,
+        delivered: bool,
+        sent: bool,
+    },
+    /// By rendezvous: the slot's [`Rendezvous`] holds its CTS and matched sends.
+    Rendezvous,
+}
+
+#[derive(Copy, Clone, Debug)]
+struct SendSlot {
+    seq: u64,
+    state: SlotState,
+}
+
+/// Where a request stands.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Request {
+    Free,
+    /// Part of message `seq`.
+    In(u64),
+    /// An eager send whose message was renumbered, waiting for a CTS entry with its tag.
+    Held,
+}
+
+/// Sender side of one connection.
+#[derive(Debug)]
+pub struct SendSide {
+    layout: Layout,
+    /// The message the next send joins.
+    next_seq: u64,
+    slots: [Option<SendSlot>; SLOTS],
+    /// Per slot, the CTS and matched sends of the message in it while it goes by rendezvous.
+    rendezvous: Vec<Rendezvous>,
+    requests: Vec<Request>,
+    free_requests: Vec<usize>,
+    /// Eager messages whose answer has not been read, oldest first.
+    awaiting: VecDeque<u64>,
+    /// Eager sends a renumbering took back, in sending order, for the next CTS entries.
+    held: VecDeque<(usize, SendBuf)>,
+    /// The eager path is negotiated and no renumbering switched it off.
+    eager: bool,
+    /// The tag of the last single receive whose CTS arrived: only a send with this tag goes
+    /// eager. A connection's first message, and a send for another tag, wait for their CTS as
+    /// with NCCL's own transport (a tag nobody receives stays a NULL request, and a guess that
+    /// would renumber the messages is not made).
+    expected_tag: Option<i32>,
+    /// Per slot, completions of eager writes whose message went on by rendezvous or was
+    /// renumbered before the sender's own completion arrived.
+    strays: [u32; SLOTS],
+    /// Per slot, the eager message written into its bounce slot that the receiver has not yet
+    /// shown it read: an acknowledgement shows it (written after the copy), and so does any
+    /// later answer in the slot (the receive of the next message there is posted only after
+    /// this one completed) or a credit past it. A promise or a refusal does not: the receiver
+    /// reads the bounce slot when it handles the arrival, which may come after the sender's own
+    /// write completed. No eager message goes into such a slot.
+    unread: [Option<u64>; SLOTS],
+    /// The vector the next [`Accepted::posts`] is built in, handed back by [`Self::recycle`]
+    /// so that sending allocates nothing once it has grown to a message's posts.
+    spare_posts: Vec<Post>,
+    /// Where eager payloads are copied with quiet receives.
+    staging: Option<Staging>,
+    /// The latest credit taken.
+    credit: u64,
+}
+
+impl SendSide {
+    /// A sender whose first message is sequence 0.
+    pub fn new(layout: Layout) -> Self {
+        Self {
+            layout,
+            next_seq: 0,
+            slots: [None; SLOTS],
+            rendezvous: vec![Rendezvous::default(); SLOTS],
+            requests: vec![Request::Free; SEND_REQUESTS],
+            free_requests: (0..SEND_REQUESTS).rev().collect(),
+            awaiting: VecDeque::with_capacity(SLOTS),
+            held: VecDeque::with_capacity(SLOTS),
+            eager: layout.eager_bytes > 0,
+            expected_tag: None,
+            strays: [0; SLOTS],
+            unread: [None; SLOTS],
+            credit: 0,
+            spare_posts: Vec::new(),
+            staging: None,
+        }
+    }
+
+    /// A sender on a connection with quiet receives, whose eager payloads go through `staging`.
+    pub fn with_staging(layout: Layout, staging: Staging) -> Self {
+        Self {
+            staging: Some(staging),
+            ..Self::new(layout)
+        }
+    }
+
+    /// Whether the glue should read the credit word for [`Self::handle_credit`]: on a
+    /// connection with quiet receives.
+    pub fn wants_credit(&self) -> bool {
+        self.layout.quiet
+    }
+
+    /// The receiver's credit: every message before `credit` completed. Each eager message
+    /// among them whose answer was not read was copied (a refused one could not complete
+    /// before the sender wrote it again), and its bounce slot was read.
+    ///
+    /// # Errors
+    /// `Remote` when the credit covers an awaited eager message that is no longer in its slot.
+    pub fn handle_credit(&mut self, credit: u64) -> Result<()> {
+        if credit <= self.credit {
+            return Ok(());
+        }
+        self.credit = credit;
+        for u in &mut self.unread {
+            *u = u.filter(|&s| s >= credit);
+        }
+        while let Some(&seq) = self.awaiting.front().filter(|&&s| s < credit) {
+            let slot = slot_of(seq);
+            match self.slots[slot] {
+                Some(SendSlot {
+                    seq: s,
+                    state: SlotState::Eager { .. },
+                }) if s == seq => {}
+                _ => {
+                    return Err(Error::new(
+                        Kind::Remote,
+                        format!("credit {credit} covers message {seq}, which is not in its slot"),
+                    ));
+                }
+            }
+            self.awaiting.pop_front();
+            self.unread[slot] = None;
+            self.delivered(slot);
+        }
+        Ok(())
+    }
+
+    /// The eager message in `slot` was delivered whole; the slot is free if NCCL already saw
+    /// its send done.
+    fn delivered(&mut self, slot: usize) {
+        if let Some(SendSlot {
+            state: SlotState::Eager { req, delivered, .. },
+            ..
+        }) = self.slots[slot].as_mut()
+        {
+            *delivered = true;
+            if *req == DETACHED {
+                self.slots[slot] = None;
+            }
+        }
+    }
+
+    /// The connection's layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Whether the eager path is still in use on this connection.
+    pub fn eager_active(&self) -> bool {
+        self.eager
+    }
+
+    /// Give back the posts of an [`Accepted`] once they were posted, for the next message.
+    pub fn recycle(&mut self, posts: Vec<Post>) {
+        self.spare_posts = posts;
+    }
+
+    /// Whether sends wait on the CTS ring for more than the next `isend`: eager messages for
+    /// their answers, held sends for their CTS. `test` then reads the ring too.
+    pub fn waits_on_ring(&self) -> bool {
+        !self.awaiting.is_empty() || !self.held.is_empty()
+    }
+
+    /// `Some((seq, slot))`: the glue should read that CTS ring slot and, once its entries
+    /// carry `seq + 1`, pass them to [`Self::handle_cts`]; when the first entry carries a later
+    /// number, pass that entry alone. The oldest eager message's answer comes first; otherwise
+    /// the next message's CTS, when its slot is free. Inlined: `isend` asks once per call.
+    #[inline(always)]
+    pub fn wants_cts(&self) -> Option<(u64, usize)> {
+        if let Some(&seq) = self.awaiting.front() {
+            return Some((seq, slot_of(seq)));
+        }
+        let slot = slot_of(self.next_seq);
+        self.slots[slot].is_none().then_some((self.next_seq, slot))
+    }
+
+    /// Take the entries the glue read for [`Self::wants_cts`]'s message (all `nreqs` of them,
+    /// or the one acknowledgement of an eager message). Returns posts to make now: a refused
+    /// eager message written again by rendezvous, or held sends that completed a message.
+    ///
+    /// An eager message's answer can be gone before the sender reads it: a receive that copied
+    /// the message completes without the sender, and NCCL may post the next receive in that
+    /// slot (a ring later), whose CTS overwrites the answer. Such a later entry is taken as the
+    /// answer: the message was copied whole. (A message that goes by rendezvous cannot be
+    /// overtaken so: its receive waits for the sender's write.)
+    ///
+    /// # Errors
+    /// `Remote` when the entries are inconsistent (the receiver broke the protocol).
+    pub fn handle_cts(&mut self, entries: &[Cts]) -> Result<Vec<Post>> {
+        if let Some(&seq) = self.awaiting.front() {
+            return self.answer(seq, entries);
+        }
+        self.take_cts(entries)?;
+        Ok(self.match_held())
+    }
+
+    /// The next message goes by rendezvous into the receive whose CTS is `entries`.
+    #[inline(always)]
+    fn take_cts(&mut self, entries: &[Cts]) -> Result<&mut Rendezvous> {
+        let seq = self.next_seq;
+        let refusing = refused(entries);
+        check_cts(seq, entries)?;
+        // The receive of `seq` was posted, so the one of the eager message before it in this
+        // slot completed: its bounce slot was read.
+        self.unread[slot_of(seq)] = None;
+        if entries.len() > 1 {
+            // A grouped receive: the receiver stops taking eager messages too.
+            self.eager = false;
+        }
+        // Only a receive that would take a copy predicts the next message's.
+        self.expected_tag = (entries.len() == 1 && !refusing).then(|| entries[0].tag);
+        Ok(self.start_rendezvous(seq, entries))
+    }
+
+    /// Where the CTS [`Self::isend_single`] takes lies: `Some((seq, slot))` when no eager
+    /// message awaits its answer, no send is held and the next message's slot is free, so
+    /// that reading the ring would hand [`Self::handle_cts`] that message's CTS and nothing
+    /// before it.
+    #[inline(always)]
+    pub fn single_cts(&self) -> Option<(u64, usize)> {
+        if !self.awaiting.is_empty() || !self.held.is_empty() {
+            return None;
+        }
+        self.wants_cts()
+    }
+
+    /// NCCL's usual send in one step: what [`Self::handle_cts`] with the single entry `cts`
+    /// (read for [`Self::single_cts`]) and then [`Self::isend`] of `buf` do, when `buf`
+    /// matches that entry and the message goes as one write on one QP. `Ok(None)`, with
+    /// nothing changed, for anything else: the caller then takes the general way.
+    ///
+    /// # Errors
+    /// `Misuse` when `buf` is larger than [`MAX_MESSAGE_BYTES`].
+    #[inline(always)]
+    pub fn isend_single(&mut self, cts: &Cts, buf: SendBuf) -> Result<Option<SingleSend>> {
+        check_message_size(buf.size, "a send")?;
+        let seq = self.next_seq;
+        let slot = slot_of(seq);
+        if self.promise_takes(cts, &buf) {
+            // It goes eagerly into the promised copy instead (see `isend`).
+            return Ok(None);
+        }
+        let single = cts.seq_plus_one == seq + 1
+            && cts.nreqs & !eager::REFUSED == 1
+            && cts.tag == buf.tag
+            && self.single_cts().is_some()
+            && !self.free_requests.is_empty();
+        let Some(qp) = single
+            .then(|| self.one_write(seq, cts.size, buf.size))
+            .flatten()
+        else {
+            return Ok(None);
+        };
+        let layout = self.layout;
+        self.take_cts(std::slice::from_ref(cts))?;
+        let req = self.take_request(seq).unwrap_or_default();
+        let rendezvous = &mut self.rendezvous[slot];
+        let truncated = rendezvous.take_entry(0, buf, req);
+        let write = RdmaWrite::chunk(&layout, qp, cts, &rendezvous.sends[0].0, 0, 1);
+        rendezvous.pending = 1;
+        rendezvous.posted = true;
+        self.next_seq += 1;
+        Ok(Some(SingleSend {
+            req,
+            truncated,
+            post: Post::WriteImm {
+                write,
+                imm: u32::try_from(write.len).unwrap_or(u32::MAX),
+                slot,
+            },
+        }))
+    }
+
+    /// The QP, when message `seq` of a `size`-byte send into a single receive of `capacity`
+    /// bytes goes as one write-with-immediate on one QP (NCCL's usual message): its size
+    /// travels in the immediate and one write carries the payload.
+    #[inline(always)]
+    fn one_write(&self, seq: u64, capacity: u64, size: u64) -> Option<usize> {
+        let qps = self.layout.qps_for(seq, capacity);
+        let single = qps.len() == 1
+            && !self.layout.uses_sizes_ring(1, capacity)
+            && size.min(capacity) <= MAX_WRITE_BYTES;
+        single.then_some(qps.start)
+    }
+
+    /// The receiver's answer to eager message `seq`: an acknowledgement (it copied the message),
+    /// or the CTS of its receive: one that promises the copy, one that refuses it (the message
+    /// goes again by rendezvous), or one for another shape or tag (renumbering).
+    fn answer(&mut self, seq: u64, entries: &[Cts]) -> Result<Vec<Post>> {
+        let slot = slot_of(seq);
+        let Some(SendSlot {
+            state: SlotState::Eager { req, buf, sent, .. },
+            ..
+        }) = self.slots[slot]
+        else {
+            return Err(Error::misuse(format!("no eager message {seq} in its slot")));
+        };
+        let first = entries.first().copied().unwrap_or_default();
+        let copied = if first.seq_plus_one > seq + 1 {
+            // A later message's CTS in this slot: the receiver completed this message without
+            // the sender, which only a copy does (of the whole message, see `fits`), and wrote
+            // the next receive's CTS over the answer. It read the bounce slot.
+            if !(first.seq_plus_one - 1 - seq).is_multiple_of(SLOTS as u64) {
+                return Err(Error::new(
+                    Kind::Remote,
+                    format!(
+                        "CTS for message {} in the slot of message {seq}",
+                        first.seq_plus_one - 1
+                    ),
+                ));
+            }
+            self.unread[slot] = None;
+            true
+        } else if first.nreqs == 0 && entries.len() == 1 {
+            // Acknowledged after the copy: the bounce slot was read.
+            if first.size != buf.size || first.seq_plus_one != seq + 1 {
+                return Err(Error::new(
+                    Kind::Remote,
+                    format!(
+                        "acknowledged {} bytes of eager message {seq} of {} bytes",
+                        first.size, buf.size
+                    ),
+                ));
+            }
+            self.unread[slot] = None;
+            true
+        } else {
+            let refusing = refused(entries);
+            check_cts(seq, entries)?;
+            let same = entries.len() == 1 && entries[0].tag == buf.tag;
+            if !same {
+                return Ok(self.renumber(seq, entries));
+            }
+            // The same message either way: copied on arrival as promised when it fits, or
+            // written again by rendezvous into the buffer (in GPU memory, or too small: then
+            // truncated) from the one NCCL still holds for us (or our copy of it).
+            !refusing && buf.size <= entries[0].size
+        };
+        self.awaiting.pop_front();
+        if copied {
+            self.delivered(slot);
+            return Ok(Vec::new());
+        }
+        self.expected_tag = None;
+        self.strays[slot] += u32::from(!sent);
+        self.start_rendezvous(seq, entries).take(buf, req);
+        Ok(self.layout_posts(slot))
+    }
+
+    /// The receive of message `seq` is grouped or waits for another tag: the messages from `seq`
+    /// on are numbered differently than the eager sends assumed. Take every eager send back and
+    /// match them, in order, to the receiver's entries; the receiver drops their copies.
+    fn renumber(&mut self, seq: u64, entries: &[Cts]) -> Vec<Post> {
+        self.eager = false;
+        for s in self.awaiting.drain(..) {
+            let slot = slot_of(s);
+            if let Some(SendSlot {
+                state: SlotState::Eager { req, buf, sent, .. },
+                ..
+            }) = self.slots[slot].take()
+            {
+                self.strays[slot] += u32::from(!sent);
+                if let Some(r) = self.requests.get_mut(req) {
+                    *r = Request::Held;
+                }
+                self.held.push_back((req, buf));
+            }
+        }
+        self.next_seq = seq;
+        self.start_rendezvous(seq, entries);
+        self.match_held()
+    }
+
+    /// Message `seq` goes by rendezvous into the receive that posted `entries`.
+    #[inline(always)]
+    fn start_rendezvous(&mut self, seq: u64, entries: &[Cts]) -> &mut Rendezvous {
+        let slot = slot_of(seq);
+        self.slots[slot] = Some(SendSlot {
+            seq,
+            state: SlotState::Rendezvous,
+        });
+        let rendezvous = &mut self.rendezvous[slot];
+        rendezvous.reset(entries);
+        rendezvous
+    }
+
+    /// Match held sends, oldest first, to the next message's CTS entries; its posts once every
+    /// entry is matched.
+    fn match_held(&mut self) -> Vec<Post> {
+        let seq = self.next_seq;
+        let slot = slot_of(seq);
+        let Some(rendezvous) = rendezvous_at(&self.slots, &mut self.rendezvous, seq) else {
+            return Vec::new();
+        };
+        let mut k = 0;
+        while k < self.held.len() {
+            let (req, buf) = self.held[k];
+            if rendezvous.take(buf, req).is_some() {
+                if let Some(r) = self.requests.get_mut(req) {
+                    *r = Request::In(seq);
+                }
+                self.held.remove(k);
+            } else {
+                k += 1;
+            }
+        }
+        if !rendezvous.all_matched() {
+            return Vec::new();
+        }
+        self.next_seq += 1;
+        self.layout_posts(slot)
+    }
+
+    /// Accept `buf` for the next message: matched to the first unmatched entry of its CTS
+    /// with the same tag (entries with equal tags fill in posting order), or sent eagerly when
+    /// its CTS has not arrived and the eager path may take it. `Ok(None)`: neither is possible
+    /// yet (no CTS, or no unmatched entry with this tag); NCCL retries later, as with its own
+    /// transport (`ncclIbIsend` returns a NULL request after the tag loop, net_ib/p2p.cc).
+    ///
+    /// The glue reads the ring for [`Self::wants_cts`] first, so "no CTS" means it had not
+    /// arrived at that moment.
+    ///
+    /// # Errors
+    /// `Misuse` when `buf` is larger than [`MAX_MESSAGE_BYTES`].
+    pub fn isend(&mut self, buf: SendBuf) -> Result<Option<Accepted>> {
+        check_message_size(buf.size, "a send")?;
+        if self.held.iter().any(|(_, h)| h.tag == buf.tag) {
+            // An earlier send with this tag is still unmatched: this one must not overtake it.
+            return Ok(None);
+        }
+        let slot = slot_of(self.next_seq);
+        match &self.slots[slot] {
+            Some(SendSlot {
+                seq,
+                state: SlotState::Rendezvous,
+            }) if *seq == self.next_seq && !self.rendezvous[slot].posted => {
+                let r = &self.rendezvous[slot];
+                if r.cts.len() == 1 && r.matched == 0 && self.promise_takes(&r.cts[0], &buf) {
+                    return Ok(self.send_eager(buf, Eager::Promised));
+                }
+                Ok(self.match_send(buf))
+            }
+            None if self.awaiting.len() < SLOTS && self.eager_fits(&buf) => {
+                Ok(self.send_eager(buf, Eager::Unannounced))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// With quiet receives, whether a send into the single receive whose CTS is `cts` goes
+    /// eagerly into the copy that CTS promised rather than by rendezvous: one write either
+    /// way, and the receiver, seeing an eager message, may post the next receive quietly.
+    #[inline(always)]
+    fn promise_takes(&self, cts: &Cts, buf: &SendBuf) -> bool {
+        self.layout.quiet
+            && cts.nreqs == 1
+            && cts.tag == buf.tag
+            && buf.size <= cts.size
+            && self.eager_may_carry(buf)
+    }
+
+    /// Whether an eager send with no CTS yet may carry `buf`, for the tag the sender expects.
+    fn eager_fits(&self, buf: &SendBuf) -> bool {
+        self.expected_tag == Some(buf.tag) && self.eager_may_carry(buf)
+    }
+
+    /// What every eager send needs: the eager path still in use, a host-memory buffer within the
+    /// threshold, a bounce slot the receiver has read, and no sends held for renumbering.
+    fn eager_may_carry(&self, buf: &SendBuf) -> bool {
+        self.eager
+            && self.unread[slot_of(self.next_seq)].is_none()
+            && buf.host
+            && buf.size <= self.layout.eager_bytes
+            && self.held.is_empty()
+    }
+
+    #[inline(always)]
+    fn take_request(&mut self, seq: u64) -> Option<usize> {
+        let req = self.free_requests.pop()?;
+        self.requests[req] = Request::In(seq);
+        Some(req)
+    }
+
+    /// Send `buf` eagerly.
+    fn send_eager(&mut self, buf: SendBuf, how: Eager) -> Option<Accepted> {
+        let seq = self.next_seq;
+        let slot = slot_of(seq);
+        let req = self.take_request(seq)?;
+        // With quiet receives the payload is copied into the staging ring (by the glue, from
+        // the post), and a refused message is written again from there.
+        let kept = match self.staging {
+            Some(st) => SendBuf {
+                addr: st.addr
+                    + eager::slot_offset(slot, self.layout.eager_bytes)
+                    + eager::HEADER_BYTES as u64,
+                lkeys: st.lkeys,
+                ..buf
+            },
+            None => buf,
+        };
+        self.slots[slot] = Some(SendSlot {
+            seq,
+            state: SlotState::Eager {
+                req,
+                buf: kept,
+                delivered: how == Eager::Promised,
+                sent: false,
+            },
+        });
+        if how != Eager::Promised {
+            self.awaiting.push_back(seq);
+        }
+        self.unread[slot] = Some(seq);
+        self.next_seq += 1;
+        let qp = self.layout.qps_for(seq, buf.size).start;
+        let mut posts = std::mem::take(&mut self.spare_posts);
+        posts.clear();
+        posts.push(Post::Eager {
+            qp,
+            slot,
+            seq,
+            tag: buf.tag,
+            local_addr: buf.addr,
+            lkey: buf.lkeys[self.layout.local_member(qp)],
+            len: buf.size,
+            imm: eager::imm(seq, buf.size),
+        });
+        Some(Accepted {
+            req,
+            entry: 0,
+            truncated: None,
+            posts,
+        })
+    }
+
+    fn match_send(&mut self, buf: SendBuf) -> Option<Accepted> {
+        let seq = self.next_seq;
+        let slot = slot_of(seq);
+        // Peek first: a request is taken only for a send that matches.
+        let entry = self.rendezvous[slot].free_entry(buf.tag)?;
+        let req = self.take_request(seq)?;
+        let rendezvous = &mut self.rendezvous[slot];
+        let truncated = rendezvous.take_entry(entry, buf, req);
+        let mut accepted = Accepted {
+            req,
+            entry,
+            truncated,
+            posts: Vec::new(),
+        };
+        if rendezvous.all_matched() {
+            accepted.posts = self.layout_posts(slot);
+            self.next_seq += 1;
+        }
+        Some(accepted)
+    }
+
+    fn layout_posts(&mut self, slot_index: usize) -> Vec<Post> {
+        let layout = self.layout;
+        let Some(SendSlot {
+            seq,
+            state: SlotState::Rendezvous,
+        }) = self.slots[slot_index]
+        else {
+            return Vec::new();
+        };
+        let slot = &mut self.rendezvous[slot_index];
+        let n = slot.cts.len();
+        let capacity = capacity(slot.cts.iter().map(|c| c.size));
+        let qps = layout.qps_for(seq, capacity);
+        let used = qps.len();
+        // Called once every entry is matched, so the first one is.
+        let first = slot.sends[0].0;
+        let ringed = layout.uses_sizes_ring(n, capacity);
+        let mut posts = std::mem::take(&mut self.spare_posts);
+        posts.clear();
+        for (pos, qp) in qps.enumerate() {
+            if !ringed {
+                // The payload's last write carries the immediate: the bytes this QP delivered
+                // (they fit: the capacity does).
+                let write = RdmaWrite::chunk(&layout, qp, &slot.cts[0], &first, pos, used);
+                let imm = u32::try_from(write.len).unwrap_or(u32::MAX);
+                if write.len <= MAX_WRITE_BYTES {
+                    // NCCL's usual message: one write carries it.
+                    posts.push(Post::WriteImm {
+                        write,
+                        imm,
+                        slot: slot_index,
+                    });
+                    continue;
+                }
+                let mut pieces = write.pieces().peekable();
+                while let Some(piece) = pieces.next() {
+                    posts.push(if pieces.peek().is_some() {
+                        Post::Write(piece)
+                    } else {
+                        Post::WriteImm {
+                            write: piece,
+                            imm,
+                            slot: slot_index,
+                        }
+                    });
+                }
+                continue;
+            }
+            let mut sizes = [0u64; MAX_RECVS];
+            for (i, (buf, _)) in slot.sends[..n].iter().enumerate() {
+                let cts = &slot.cts[i];
+                sizes[i] = buf.size;
+                let write = RdmaWrite::chunk(&layout, qp, cts, buf, pos, used);
+                posts.extend(write.pieces().filter(|w| w.len > 0).map(Post::Write));
+            }
+            posts.push(Post::Sizes {
+                qp,
+                slot: slot_index,
+                sizes,
+            });
+            // A zero-length write-with-immediate closes the message on this QP.
+            let write = RdmaWrite {
+                len: 0,
+                ..RdmaWrite::chunk(&layout, qp, &slot.cts[0], &first, 0, 1)
+            };
+            posts.push(Post::WriteImm {
+                write,
+                imm: 0,
+                slot: slot_index,
+            });
+        }
+        slot.pending = used;
+        slot.posted = true;
+        posts
+    }
+
+    /// Account for a signaled write of `slot` completing on one QP.
+    ///
+    /// # Errors
+    /// `Misuse` for a slot with nothing in flight (a stray completion).
+    pub fn handle_completion(&mut self, slot: usize) -> Result<()> {
+        if let Some(strays) = self.strays.get_mut(slot).filter(|s| **s > 0) {
+            // Completions on a QP arrive in posting order: an eager write posted earlier in
+            // this slot completes before anything posted after it.
+            *strays -= 1;
+            return Ok(());
+        }
+        match self.slots.get_mut(slot).and_then(Option::as_mut) {
+            Some(SendSlot {
+                state: SlotState::Eager { sent, .. },
+                ..
+            }) if !*sent => {
+                *sent = true;
+                Ok(())
+            }
+            Some(SendSlot {
+                state: SlotState::Rendezvous,
+                ..
+            }) if self.rendezvous[slot].pending > 0 => {
+                let r = &mut self.rendezvous[slot];
+                r.pending -= 1;
+                if r.pending == 0 && r.tested == entries_mask(r.cts.len()) {
+                    // Only sends NCCL saw done before (detached eager ones): nobody tests it.
+                    self.slots[slot] = None;
+                }
+                Ok(())
+            }
+            _ => Err(Error::misuse(format!(
+                "send completion for idle slot {slot}"
+            ))),
+        }
+    }
+
+    /// The slot of request `req`'s message, while the request is in flight.
+    fn slot_of_request(&self, req: usize) -> Option<usize> {
+        let Request::In(seq) = *self.requests.get(req)? else {
+            return None;
+        };
+        let slot = slot_of(seq);
+        self.slots[slot]
+            .as_ref()
+            .is_some_and(|s| s.seq == seq)
+            .then_some(slot)
+    }
+
+    /// No message slot holds anything (the simulation's end-of-scenario check).
+    #[cfg(test)]
+    pub(super) fn nothing_in_flight(&self) -> bool {
+        self.slots.iter().all(Option::is_none)
+    }
+
+    /// Whether messages whose requests may be done still need this side: eager messages whose
+    /// fate is not known (a refusal is written again from the kept copy), held sends, and
+    /// rendezvous writes in flight.
+    pub fn undelivered(&self) -> bool {
+        !self.awaiting.is_empty()
+            || !self.held.is_empty()
+            || self.slots.iter().zip(&self.rendezvous).any(|(s, r)| {
+                matches!(
+                    s,
+                    Some(SendSlot {
+                        state: SlotState::Rendezvous,
+                        ..
+                    })
+                ) && r.pending > 0
+            })
+    }
+
+    /// Bytes delivered by request `req`, once its message completed (an eager one once the
+    /// receiver acknowledged it).
+    pub fn poll_done(&self, req: usize) -> Option<u64> {
+        let slot = self.slot_of_request(req)?;
+        match &self.slots[slot].as_ref()?.state {
+            SlotState::Eager {
+                buf,
+                delivered,
+                sent,
+                ..
+            } => {
+                let kept = self.staging.is_some();
+                (*sent && (*delivered || kept)).then_some(buf.size)
+            }
+            SlotState::Rendezvous => {
+                let r = &self.rendezvous[slot];
+                (r.posted && r.pending == 0)
+                    .then(|| r.entry_of(req))
+                    .flatten()
+                    .map(|e| r.sends[e].0.size)
+            }
+        }
+    }
+
+    /// What each send of the message in `slot` carries on each QP, once its writes were
+    /// handed out: the eager message's one write, or each matched send's chunk on every QP
+    /// the message uses (as [`Self::isend`] laid them out). Empty for a slot with nothing
+    /// posted.
+    pub fn qp_shares(&self, slot: usize) -> Vec<QpShare> {
+        let Some(Some(s)) = self.slots.get(slot) else {
+            return Vec::new();
+        };
+        match s.state {
+            SlotState::Eager { req, buf, .. } => vec![QpShare {
+                req,
+                qp: self.layout.qps_for(s.seq, buf.size).start,
+                len: buf.size,
+                with_imm: true,
+            }],
+            SlotState::Rendezvous => {
+                let r = &self.rendezvous[slot];
+                if !r.posted {
+                    return Vec::new();
+                }
+                let n = r.cts.len();
+                let capacity = capacity(r.cts.iter().map(|c| c.size));
+                let with_imm = !self.layout.uses_sizes_ring(n, capacity);
+                let qps = self.layout.qps_for(s.seq, capacity);
+                let used = qps.len();
+                qps.enumerate()
+                    .flat_map(|(pos, qp)| {
+                        r.sends[..n].iter().map(move |&(buf, req)| QpShare {
+                            req,
+                            qp,
+                            len: Layout::chunk(buf.size, pos, used).1,
+                            with_imm,
+                        })
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// NCCL saw request `req` done; a message's slot is freed when all its requests were.
+    pub fn release(&mut self, req: usize) {
+        let Some(slot) = self.slot_of_request(req) else {
+            return;
+        };
+        let free = match self.slots[slot].as_mut().map(|s| &mut s.state) {
+            Some(SlotState::Rendezvous) => {
+                let r = &mut self.rendezvous[slot];
+                if let Some(e) = r.entry_of(req) {
+                    r.tested |= 1 << e;
+                }
+                r.tested == entries_mask(r.cts.len())
+            }
+            Some(SlotState::Eager {
+                delivered: false,
+                req,
+                ..
+            }) => {
+                // A send whose copy is in the staging ring: the slot stays until delivered.
+                *req = DETACHED;
+                false
+            }
+            _ => true,
+        };
+        if free {
+            self.slots[slot] = None;
+        }
+        self.requests[req] = Request::Free;
+        self.free_requests.push(req);
+    }
+}
+
+/// The captured CTS of message `seq`, when its slot holds one.
+fn rendezvous_at<'a>(
+    slots: &[Option<SendSlot>],
+    rendezvous: &'a mut [Rendezvous],
+    seq: u64,
+) -> Option<&'a mut Rendezvous> {
+    let slot = slot_of(seq);
+    match slots[slot] {
+        Some(SendSlot {
+            state: SlotState::Rendezvous,
+            ..
+        }) => Some(&mut rendezvous[slot]),
+        _ => None,
+    }
+}
+
+/// Whether the receiver flagged `entries` [`eager::REFUSED`].
+fn refused(entries: &[Cts]) -> bool {
+    entries
+        .first()
+        .is_some_and(|e| e.nreqs & eager::REFUSED != 0)
+}
+
+/// Check that `entries` are the whole CTS of message `seq`: 1..=MAX_RECVS entries, each
+/// carrying `seq + 1` and the entry count (the refusal flag aside).
+#[inline(always)]
+fn check_cts(seq: u64, entries: &[Cts]) -> Result<()> {
+    let n = entries.len();
+    let consistent = (1..=MAX_RECVS).contains(&n)
+        && entries
+            .iter()
+            .all(|e| e.seq_plus_one == seq + 1 && (e.nreqs & !eager::REFUSED) as usize == n);
+    if consistent {
+        return Ok(());
+    }
+    Err(Error::new(
+        Kind::Remote,
+        format!("inconsistent CTS for message {seq}"),
+    ))
+}
