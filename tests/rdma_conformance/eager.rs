@@ -511,7 +511,7 @@ fn a_quiet_receive_is_announced_while_its_client_is_away(cx: &mut Cx) {
 
 /// How often this process's watcher thread (`rsib-watch`) went to sleep and woke: its voluntary
 /// context switches.
-fn watcher_wakeups() -> u64 {
+pub(crate) fn watcher_wakeups() -> u64 {
     let tasks = std::fs::read_dir("/proc/self/task").unwrap();
     let watcher = tasks
         .map(|t| t.unwrap().path())
