@@ -12,4 +12,7 @@ pub mod eager;
 pub mod error;
 pub mod group;
 pub mod proto;
+pub mod repair;
 pub mod wire;
+#[cfg(test)]
+mod xorshift;

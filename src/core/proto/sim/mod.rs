@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 
 use super::*;
+use crate::core::xorshift::Rng;
 
 mod eager_path;
 mod quiet;
@@ -12,17 +13,6 @@ mod random;
 mod rendezvous;
 
 const MEM: usize = 1 << 20;
-
-/// Deterministic xorshift, so failures reproduce.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 struct Pair {
     send: SendSide,

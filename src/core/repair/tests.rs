@@ -1,0 +1,468 @@
+//! Both sides' repair machines wired together through their frames, with a glue that creates,
+//! connects and drains QPs at once (or refuses, for a member that is down).
+
+use std::collections::VecDeque;
+
+use super::*;
+use crate::core::xorshift::Rng;
+
+const BUDGET: Duration = Duration::from_secs(30);
+
+fn fused(members: usize, per_member: usize) -> Layout {
+    Layout {
+        nqps: members * per_member,
+        split: false,
+        local_members: members,
+        remote_members: members,
+        eager_bytes: 0,
+        quiet: false,
+    }
+}
+
+/// A receiver and a sender, the frames in flight between them, and what the glue did.
+struct Pair {
+    lead: LeadRepair,
+    follow: FollowRepair,
+    to_sender: VecDeque<Frame>,
+    to_receiver: VecDeque<Frame>,
+    next_qpn: u32,
+    /// `(lane, consumed)` of every replay the sender was told to make.
+    replays: Vec<(usize, u64)>,
+    /// Lanes resumed by the receiver.
+    resumed: Vec<usize>,
+    /// Messages the receiver took per lane (what its Resume carries).
+    consumed: Vec<u64>,
+    /// This side's members whose QPs cannot be connected (down at the verbs level).
+    lead_dead: MemberSet,
+    follow_dead: MemberSet,
+    now: Instant,
+}
+
+impl Pair {
+    fn new(layout: Layout) -> Self {
+        let mirrored = Layout {
+            local_members: layout.remote_members,
+            remote_members: layout.local_members,
+            ..layout
+        };
+        Self {
+            lead: LeadRepair::new(layout, BUDGET),
+            follow: FollowRepair::new(mirrored, BUDGET + Duration::from_secs(5)),
+            to_sender: VecDeque::new(),
+            to_receiver: VecDeque::new(),
+            next_qpn: 100,
+            replays: Vec::new(),
+            resumed: Vec::new(),
+            consumed: vec![0; layout.nqps],
+            lead_dead: 0,
+            follow_dead: 0,
+            now: Instant::now(),
+        }
+    }
+
+    fn lead_actions(&mut self, actions: Vec<Action>) {
+        let mut queue: VecDeque<Action> = actions.into();
+        while let Some(a) = queue.pop_front() {
+            let more = match a {
+                Action::Flush { lane } => self.lead.drained(lane),
+                Action::Create { lane, epoch, .. } => {
+                    self.next_qpn += 1;
+                    self.lead.created(lane, epoch, self.next_qpn, 7)
+                }
+                Action::Connect {
+                    lane, epoch, route, ..
+                } => {
+                    if self.lead_dead & bit(route.local) != 0 {
+                        self.lead.broken(lane, Cause::Completion(12), self.now)
+                    } else {
+                        self.lead.connected(lane, epoch)
+                    }
+                }
+                Action::Resume { lane, epoch } => {
+                    self.resumed.push(lane);
+                    self.to_sender.push_back(Frame::Resume {
+                        lane: lane_byte(lane),
+                        epoch,
+                        consumed: self.consumed[lane],
+                    });
+                    Vec::new()
+                }
+                Action::Send(f) => {
+                    self.to_sender.push_back(f);
+                    Vec::new()
+                }
+                Action::Discard { .. } => Vec::new(),
+                Action::Replay { .. } => panic!("the receiver never replays"),
+            };
+            queue.extend(more);
+        }
+    }
+
+    fn follow_actions(&mut self, actions: Vec<Action>) {
+        let mut queue: VecDeque<Action> = actions.into();
+        while let Some(a) = queue.pop_front() {
+            let more = match a {
+                Action::Flush { .. } | Action::Discard { .. } => Vec::new(),
+                Action::Connect {
+                    lane, epoch, route, ..
+                } => {
+                    let qp = (self.follow_dead & bit(route.local) == 0).then(|| {
+                        self.next_qpn += 1;
+                        (self.next_qpn, 9)
+                    });
+                    self.follow.accepted(lane, epoch, qp)
+                }
+                Action::Send(f) => {
+                    self.to_receiver.push_back(f);
+                    Vec::new()
+                }
+                Action::Replay { lane, consumed } => {
+                    self.replays.push((lane, consumed));
+                    Vec::new()
+                }
+                Action::Create { .. } | Action::Resume { .. } => {
+                    panic!("the sender never leads a repair")
+                }
+            };
+            queue.extend(more);
+        }
+    }
+
+    /// Deliver frames both ways until none is left.
+    fn settle(&mut self) {
+        loop {
+            if let Some(f) = self.to_receiver.pop_front() {
+                let actions = self.lead.handle(f, self.now);
+                self.lead_actions(actions);
+            } else if let Some(f) = self.to_sender.pop_front() {
+                let actions = self.follow.handle(f, self.now);
+                self.follow_actions(actions);
+            } else {
+                return;
+            }
+        }
+    }
+
+    fn routes(&self) -> Vec<(Route, Route)> {
+        (0..self.consumed.len())
+            .map(|l| (self.lead.route(l), self.follow.route(l)))
+            .collect()
+    }
+
+    fn assert_agree(&self) {
+        for (lane, (r, s)) in self.routes().into_iter().enumerate() {
+            assert_eq!(
+                (r.local, r.remote),
+                (s.remote, s.local),
+                "lane {lane}: the two sides disagree on its route"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_lane_the_sender_loses_moves_to_the_other_members_and_resumes_where_the_receiver_stood() {
+    let mut p = Pair::new(fused(2, 1));
+    p.consumed[1] = 41;
+    p.follow_dead = 0;
+    let actions = p.follow.broken(1, Cause::Completion(12), p.now);
+    p.follow_actions(actions);
+    assert!(!p.follow.is_up(1), "no writes on a broken lane");
+    p.settle();
+    assert!(p.lead.all_up() && p.follow.all_up());
+    assert_eq!(p.replays, vec![(1, 41)]);
+    // Lane 1's home (member 1 on both sides) failed: it moves off that pair.
+    assert_ne!(
+        p.lead.route(1),
+        Route {
+            local: 1,
+            remote: 1
+        }
+    );
+    p.assert_agree();
+}
+
+#[test]
+fn a_port_down_on_the_receiver_moves_every_lane_on_it() {
+    let mut p = Pair::new(fused(2, 2));
+    let actions = p.lead.local_member(0, true, p.now);
+    p.lead_actions(actions);
+    p.settle();
+    assert!(p.lead.all_up() && p.follow.all_up());
+    for lane in 0..4 {
+        assert_eq!(p.lead.route(lane).local, 1, "lane {lane} left member 0");
+    }
+    let mut moved: Vec<usize> = p.replays.iter().map(|r| r.0).collect();
+    moved.sort_unstable();
+    assert_eq!(moved, vec![0, 2], "the lanes of member 0 and no other");
+    p.assert_agree();
+}
+
+#[test]
+fn an_offer_to_a_member_the_sender_lost_is_refused_and_made_again_elsewhere() {
+    let mut p = Pair::new(fused(2, 1));
+    // The sender's member 1 goes down; before its word arrives, the receiver loses lane 0 and
+    // offers the other rail, on that member.
+    p.follow_dead = 0b10;
+    let actions = p.follow.local_member(1, true, p.now);
+    p.follow_actions(actions);
+    let actions = p.lead.broken(0, Cause::Completion(12), p.now);
+    p.lead_actions(actions);
+    assert!(
+        matches!(
+            p.to_sender.back(),
+            Some(Frame::Offer { send_member: 1, .. })
+        ),
+        "{:?}",
+        p.to_sender
+    );
+    p.settle();
+    assert!(p.lead.all_up() && p.follow.all_up());
+    for lane in 0..2 {
+        assert_eq!(
+            p.follow.route(lane).local,
+            0,
+            "lane {lane} on the sender's live member"
+        );
+    }
+    p.assert_agree();
+}
+
+#[test]
+fn the_last_member_down_waits_and_comes_back_when_a_member_does() {
+    let mut p = Pair::new(fused(1, 1));
+    let actions = p.lead.local_member(0, true, p.now);
+    p.lead_actions(actions);
+    p.settle();
+    assert!(!p.lead.is_up(0));
+    p.now += Duration::from_secs(5);
+    assert!(p.lead.overdue(p.now).is_empty(), "within the budget");
+    let actions = p.lead.local_member(0, false, p.now);
+    p.lead_actions(actions);
+    p.settle();
+    assert!(p.lead.all_up() && p.follow.all_up());
+    assert_eq!(p.replays, vec![(0, 0)]);
+}
+
+#[test]
+fn a_lane_down_past_the_budget_is_named_with_its_cause() {
+    let mut p = Pair::new(fused(2, 1));
+    for m in 0..2 {
+        let actions = p.lead.local_member(m, true, p.now);
+        p.lead_actions(actions);
+    }
+    p.settle();
+    p.now += BUDGET + Duration::from_millis(1);
+    let gone = p.lead.overdue(p.now);
+    assert_eq!(gone.len(), 2);
+    assert!(gone.iter().all(|g| g.cause == Cause::PortDown));
+    assert_eq!(gone[0].health.local_down, 0b11);
+    p.now += Duration::from_secs(5);
+    assert_eq!(p.follow.overdue(p.now).len(), 2, "the sender gives up too");
+}
+
+#[test]
+fn answers_of_an_earlier_repair_are_ignored() {
+    let mut p = Pair::new(fused(2, 1));
+    let actions = p.lead.broken(0, Cause::Completion(12), p.now);
+    p.lead_actions(actions);
+    let stale = Frame::Accept {
+        lane: 0,
+        epoch: 99,
+        qpn: 5,
+        psn: 5,
+    };
+    assert!(p.lead.handle(stale, p.now).is_empty());
+    let stale = Frame::Resume {
+        lane: 0,
+        epoch: 99,
+        consumed: 3,
+    };
+    assert!(p.follow.handle(stale, p.now).is_empty());
+    p.settle();
+    assert!(p.lead.all_up() && p.follow.all_up());
+}
+
+#[test]
+fn a_new_qp_that_fails_to_connect_is_dropped_and_the_repair_goes_elsewhere() {
+    let mut p = Pair::new(fused(3, 1));
+    // The receiver's member 1 cannot connect, though no port event said so.
+    p.lead_dead = 0b010;
+    let actions = p.lead.broken(0, Cause::Completion(12), p.now);
+    p.lead_actions(actions);
+    p.settle();
+    assert!(p.lead.all_up() && p.follow.all_up());
+    assert_ne!(p.lead.route(0).local, 1);
+    p.assert_agree();
+}
+
+#[test]
+fn routes_prefer_home_then_the_least_loaded_live_rail() {
+    let layout = fused(2, 2);
+    let all_up = Health::default();
+    let none = |_| 0;
+    let rail = |m| Route {
+        local: m,
+        remote: m,
+    };
+    assert_eq!(plan_route(&layout, 3, all_up, 0, none), Some(rail(1)));
+    let down0 = Health {
+        local_down: 0b01,
+        remote_down: 0,
+    };
+    assert_eq!(plan_route(&layout, 0, down0, 0, none), Some(rail(1)));
+    let dead = Health {
+        local_down: 0b11,
+        remote_down: 0,
+    };
+    assert_eq!(plan_route(&layout, 0, dead, 0, none), None);
+    // Never across rails: member 0 here never pairs with the peer's member 1.
+    let crossed = Health {
+        local_down: 0b10,
+        remote_down: 0b01,
+    };
+    assert_eq!(plan_route(&layout, 0, crossed, 0, none), None);
+    let four = fused(4, 1);
+    let load = |r: Route| usize::from(r.local == 1) * 3;
+    assert_eq!(
+        plan_route(&four, 0, all_up, route_bit(rail(0)), load),
+        Some(rail(2)),
+        "the least loaded of the rails that did not fail"
+    );
+    // A rail that failed is taken again only when it is the only one up.
+    let one = fused(1, 1);
+    assert_eq!(
+        plan_route(&one, 0, all_up, route_bit(rail(0)), none),
+        Some(rail(0))
+    );
+}
+
+/// Random schedules of ports going down and up on either side (one at a time or together),
+/// lanes failing on either side, and frames delivered in any interleaving of the two
+/// directions: once every port is back and the frames settle, every lane is up and both sides
+/// agree on its route; and no lane is ever up on a member that is down.
+#[test]
+fn any_schedule_of_failures_and_returns_converges_with_both_sides_agreeing() {
+    for seed in 1..=300u64 {
+        let members = 1 + seed as usize % 3;
+        let mut p = Pair::new(fused(members, 1 + seed as usize % 2));
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let (mut lead_down, mut follow_down) = (0u8, 0u8);
+        for _ in 0..200 {
+            p.now += Duration::from_millis(rng.below(50));
+            let m = rng.below(members as u64) as u8;
+            let lane = rng.below(p.consumed.len() as u64) as usize;
+            match rng.below(8) {
+                0 => {
+                    lead_down ^= bit(m);
+                    p.lead_dead = lead_down;
+                    let actions = p.lead.local_member(m, lead_down & bit(m) != 0, p.now);
+                    p.lead_actions(actions);
+                }
+                1 => {
+                    follow_down ^= bit(m);
+                    p.follow_dead = follow_down;
+                    let actions = p.follow.local_member(m, follow_down & bit(m) != 0, p.now);
+                    p.follow_actions(actions);
+                }
+                2 => {
+                    let actions = p.lead.broken(lane, Cause::Completion(12), p.now);
+                    p.lead_actions(actions);
+                }
+                3 => {
+                    let actions = p.follow.broken(lane, Cause::Completion(12), p.now);
+                    p.follow_actions(actions);
+                }
+                4 | 5 => {
+                    if let Some(f) = p.to_receiver.pop_front() {
+                        let actions = p.lead.handle(f, p.now);
+                        p.lead_actions(actions);
+                    }
+                }
+                _ => {
+                    if let Some(f) = p.to_sender.pop_front() {
+                        let actions = p.follow.handle(f, p.now);
+                        p.follow_actions(actions);
+                    }
+                }
+            }
+            for l in 0..p.consumed.len() {
+                if p.lead.is_up(l) {
+                    assert_eq!(
+                        lead_down & bit(p.lead.route(l).local),
+                        0,
+                        "seed {seed}: lane {l} up on a receiver member that is down"
+                    );
+                }
+                if p.follow.is_up(l) {
+                    assert_eq!(
+                        follow_down & bit(p.follow.route(l).local),
+                        0,
+                        "seed {seed}: lane {l} up on a sender member that is down"
+                    );
+                }
+            }
+        }
+        for m in 0..members as u8 {
+            if lead_down & bit(m) != 0 {
+                let actions = p.lead.local_member(m, false, p.now);
+                p.lead_actions(actions);
+            }
+            if follow_down & bit(m) != 0 {
+                let actions = p.follow.local_member(m, false, p.now);
+                p.follow_actions(actions);
+            }
+        }
+        p.lead_dead = 0;
+        p.follow_dead = 0;
+        p.settle();
+        assert!(
+            p.lead.all_up() && p.follow.all_up(),
+            "seed {seed}: not every lane came back: {:?} / {:?}",
+            p.lead.lanes.states,
+            p.follow.lanes.states
+        );
+        p.assert_agree();
+        p.now += SETTLE;
+        let actions = p.lead.tick(p.now);
+        p.lead_actions(actions);
+        p.settle();
+        for lane in 0..p.consumed.len() {
+            assert_eq!(
+                p.lead.route(lane),
+                Route::home(&p.lead.lanes.layout, lane),
+                "seed {seed}: lane {lane} did not move home"
+            );
+        }
+        p.assert_agree();
+    }
+}
+
+#[test]
+fn lanes_move_home_once_their_ports_have_been_back_a_while() {
+    let mut p = Pair::new(fused(2, 2));
+    let actions = p.follow.local_member(1, true, p.now);
+    p.follow_actions(actions);
+    p.settle();
+    assert!(p.lead.all_up() && (0..4).all(|l| p.lead.route(l).remote == 0));
+    let actions = p.follow.local_member(1, false, p.now);
+    p.follow_actions(actions);
+    p.settle();
+    p.now += SETTLE / 2;
+    assert!(p.lead.tick(p.now).is_empty(), "not before the port settled");
+    p.now += SETTLE;
+    let replays = p.replays.len();
+    let actions = p.lead.tick(p.now);
+    p.lead_actions(actions);
+    p.settle();
+    assert!(p.lead.all_up() && p.follow.all_up());
+    for lane in 0..4 {
+        assert_eq!(p.lead.route(lane), Route::home(&p.lead.lanes.layout, lane));
+    }
+    assert_eq!(
+        p.replays.len(),
+        replays + 2,
+        "the two lanes of member 1 moved back"
+    );
+    p.assert_agree();
+}
