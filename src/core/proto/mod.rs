@@ -234,6 +234,7 @@ fn fits(size: u64, b: &RecvBuf, tag: i32) -> bool {
 
 mod posts;
 mod recv;
+mod rendezvous;
 mod send;
 
 pub use posts::*;
