@@ -779,7 +779,7 @@ impl SendComm {
     }
 
     fn progress(&self, st: &mut SendState) -> Result<()> {
-        self.qps.drain(|_, c| self.handle(st, c))
+        self.qps.drain(|member, c| self.handle(st, member, c))
     }
 
     /// For the profiler, when one is installed: the send `begun` (its request and NCCL's
@@ -842,7 +842,7 @@ impl SendComm {
         self.read_answers(st)
     }
 
-    fn handle(&self, st: &mut SendState, c: &Completion) -> Result<()> {
+    fn handle(&self, st: &mut SendState, member: usize, c: &Completion) -> Result<()> {
         if !c.is_ok() {
             let e = completion_error(
                 &self.ctx,
@@ -856,8 +856,8 @@ impl SendComm {
         }
         if c.wr_id & !WR_INDEX_MASK == WR_SEND_DONE {
             st.completed_any = true;
-            let slot = usize::try_from(c.wr_id & WR_INDEX_MASK).unwrap_or(usize::MAX);
-            if let Err(e) = st.proto.handle_completion(slot) {
+            let qp = self.qps.index_of(member, c.qp_num).unwrap_or(usize::MAX);
+            if let Err(e) = st.proto.handle_completion(qp) {
                 return Err(st.failed.record(e));
             }
         }

@@ -40,11 +40,11 @@ pub struct RdmaWrite {
 
 impl RdmaWrite {
     /// The part of `buf` the `pos`-th of `used` QPs carries into the buffer `cts` advertised,
-    /// with the keys of the members QP `qp` connects.
+    /// with the keys of `members` (this side's, the peer's), the members QP `qp` connects.
     #[inline(always)]
     pub(super) fn chunk(
-        layout: &Layout,
         qp: usize,
+        members: (usize, usize),
         cts: &Cts,
         buf: &SendBuf,
         pos: usize,
@@ -54,10 +54,10 @@ impl RdmaWrite {
         Self {
             qp,
             local_addr: buf.addr + off,
-            lkey: buf.lkeys[layout.local_member(qp)],
+            lkey: buf.lkeys[members.0],
             len,
             remote_addr: cts.addr + off,
-            rkey: cts.rkeys[layout.remote_member(qp)],
+            rkey: cts.rkeys[members.1],
             host: buf.host,
         }
     }

@@ -255,6 +255,13 @@ pub struct RecvSide {
     /// The latest message that completed without an answer (a copy the credit accounts for):
     /// the sender learns of it from a credit only.
     last_silent: Option<u64>,
+    /// Per lane (QP index), the write-with-immediates it completed in all (rendezvous and
+    /// eager alike): a repair resumes the lane from there.
+    consumed: Vec<u64>,
+    /// Per slot, the latest answer written into the sender's ring and the lane it went on: a
+    /// repair of that lane writes it again (the newest answer of a slot is the only one the
+    /// sender may still need).
+    answered: [Option<(usize, Answer)>; SLOTS],
 }
 
 impl RecvSide {
@@ -273,6 +280,29 @@ impl RecvSide {
             done_through: 0,
             credited: 0,
             last_silent: None,
+            consumed: vec![0; layout.nqps],
+            answered: [None; SLOTS],
+        }
+    }
+
+    /// The write-with-immediates lane `qp` completed in all.
+    pub fn consumed(&self, qp: usize) -> u64 {
+        self.consumed.get(qp).copied().unwrap_or(0)
+    }
+
+    /// What a repair of lane `qp` writes again: every slot whose latest answer went on that
+    /// lane, with the answer (the glue writes the entries it staged for it).
+    pub fn answers_on(&self, qp: usize) -> impl Iterator<Item = (usize, Answer)> + '_ {
+        self.answered
+            .iter()
+            .enumerate()
+            .filter_map(move |(slot, a)| a.filter(|(q, _)| *q == qp).map(|(_, a)| (slot, a)))
+    }
+
+    /// Remember the answer `post` writes as its slot's latest, with its lane.
+    fn record(&mut self, post: &CtsPost) {
+        if let Some(answer) = post.answer {
+            self.answered[post.slot] = Some((post.qp, answer));
         }
     }
 
@@ -375,16 +405,15 @@ impl RecvSide {
         let slot = slot_of(seq);
         let b = self.slots[slot].and_then(|s| s.single)?;
         let qp = self.layout.qps_for(seq, b.size).start;
-        Some((
-            CtsPost {
-                slot,
-                recvs: qp..qp,
-                qp,
-                answer: Some(Answer::Cts { seq, refused }),
-                copy: None,
-            },
-            b,
-        ))
+        let post = CtsPost {
+            slot,
+            recvs: qp..qp,
+            qp,
+            answer: Some(Answer::Cts { seq, refused }),
+            copy: None,
+        };
+        self.record(&post);
+        Some((post, b))
     }
 
     /// The credit to write as the receive comm closes, when it returns anything: the sender's
@@ -456,6 +485,8 @@ impl RecvSide {
     /// # Errors
     /// `Remote` when the message cannot be one the sender may have sent.
     pub fn eager_arrived(&mut self, a: Announced, header: EagerHeader) -> Result<Arrived> {
+        // Eager messages travel on connections of one lane.
+        self.consumed[0] += 1;
         let seq = a.seq_near(self.next_seq, SLOTS as u64);
         let slot = slot_of(seq);
         let bad = |what: String| Err(Error::new(Kind::Remote, what));
@@ -586,20 +617,19 @@ impl RecvSide {
                     addr: b.addr,
                     len,
                 };
-                return Ok(Some((
-                    seq,
-                    CtsPost {
-                        slot,
-                        recvs: qps.start..qps.start,
-                        qp: qps.start,
-                        // With quiet receives, the credit accounts for the copy.
-                        answer: (!silent).then_some(Answer::Ack {
-                            seq,
-                            delivered: len,
-                        }),
-                        copy: Some(copy),
-                    },
-                )));
+                let post = CtsPost {
+                    slot,
+                    recvs: qps.start..qps.start,
+                    qp: qps.start,
+                    // With quiet receives, the credit accounts for the copy.
+                    answer: (!silent).then_some(Answer::Ack {
+                        seq,
+                        delivered: len,
+                    }),
+                    copy: Some(copy),
+                };
+                self.record(&post);
+                return Ok(Some((seq, post)));
             }
             if single.is_some_and(|b| b.tag != a.tag) {
                 self.stop_at(seq);
@@ -627,16 +657,15 @@ impl RecvSide {
             quiet,
         });
         self.next_seq += 1;
-        Ok(Some((
-            seq,
-            CtsPost {
-                slot,
-                qp: qps.start,
-                recvs: qps,
-                answer: (!quiet).then_some(Answer::Cts { seq, refused }),
-                copy: None,
-            },
-        )))
+        let post = CtsPost {
+            slot,
+            qp: qps.start,
+            recvs: qps,
+            answer: (!quiet).then_some(Answer::Cts { seq, refused }),
+            copy: None,
+        };
+        self.record(&post);
+        Ok(Some((seq, post)))
     }
 
     /// Account for a write-with-immediate that completed on QP `qp`.
@@ -644,6 +673,9 @@ impl RecvSide {
     /// # Errors
     /// `Remote` when no message was expected on that QP (the peer broke the protocol).
     pub fn handle_completion(&mut self, qp: usize, imm: u32) -> Result<()> {
+        if let Some(c) = self.consumed.get_mut(qp) {
+            *c += 1;
+        }
         let seq = self
             .expected
             .get_mut(qp)

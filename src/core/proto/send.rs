@@ -63,6 +63,26 @@ enum Request {
     Held,
 }
 
+/// One message's last write on one lane (QP index): the write-with-immediate the receiver counts,
+/// with whatever writes of the message on that lane precede it.
+#[derive(Copy, Clone, Debug)]
+enum Unit {
+    /// An eager message, written from `buf` (NCCL's buffer, held until the send completes).
+    Eager { slot: usize, seq: u64, buf: SendBuf },
+    /// The lane's part of a message that goes by rendezvous.
+    Rendezvous { slot: usize, seq: u64 },
+}
+
+/// What one lane carried and the sender has not seen complete, oldest first: completions on a
+/// QP come in posting order, so each pops the front; a repair writes again what the receiver
+/// did not take.
+#[derive(Clone, Debug, Default)]
+struct LaneLog {
+    /// Units of this lane before `units[0]`, all complete.
+    taken: u64,
+    units: VecDeque<Unit>,
+}
+
 /// Sender side of one connection.
 #[derive(Debug)]
 pub struct SendSide {
@@ -85,9 +105,11 @@ pub struct SendSide {
     /// with NCCL's own transport (a tag nobody receives stays a NULL request, and a guess that
     /// would renumber the messages is not made).
     expected_tag: Option<i32>,
-    /// Per slot, completions of eager writes whose message went on by rendezvous or was
-    /// renumbered before the sender's own completion arrived.
-    strays: [u32; SLOTS],
+    /// Per lane, the units it carries that have not completed.
+    logs: Vec<LaneLog>,
+    /// Per lane, the members its QP connects (this side's, the peer's): the layout's, until a
+    /// repair moves the lane.
+    routes: Vec<(usize, usize)>,
     /// Per slot, the eager message written into its bounce slot that the receiver has not yet
     /// shown it read: an acknowledgement shows it (written after the copy), and so does any
     /// later answer in the slot (the receive of the next message there is posted only after
@@ -118,7 +140,15 @@ impl SendSide {
             held: VecDeque::with_capacity(SLOTS),
             eager: layout.eager_bytes > 0,
             expected_tag: None,
-            strays: [0; SLOTS],
+            logs: (0..layout.nqps)
+                .map(|_| LaneLog {
+                    taken: 0,
+                    units: VecDeque::with_capacity(2 * SLOTS),
+                })
+                .collect(),
+            routes: (0..layout.nqps)
+                .map(|qp| (layout.local_member(qp), layout.remote_member(qp)))
+                .collect(),
             unread: [None; SLOTS],
             credit: 0,
             spare_posts: Vec::new(),
@@ -301,14 +331,17 @@ impl SendSide {
         else {
             return Ok(None);
         };
-        let layout = self.layout;
+        let members = self.routes[qp];
         self.take_cts(std::slice::from_ref(cts))?;
         let req = self.take_request(seq).unwrap_or_default();
         let rendezvous = &mut self.rendezvous[slot];
         let truncated = rendezvous.take_entry(0, buf, req);
-        let write = RdmaWrite::chunk(&layout, qp, cts, &rendezvous.sends[0].0, 0, 1);
+        let write = RdmaWrite::chunk(qp, members, cts, &rendezvous.sends[0].0, 0, 1);
         rendezvous.pending = 1;
         rendezvous.posted = true;
+        self.logs[qp]
+            .units
+            .push_back(Unit::Rendezvous { slot, seq });
         self.next_seq += 1;
         Ok(Some(SingleSend {
             req,
@@ -339,7 +372,7 @@ impl SendSide {
     fn answer(&mut self, seq: u64, entries: &[Cts]) -> Result<Vec<Post>> {
         let slot = slot_of(seq);
         let Some(SendSlot {
-            state: SlotState::Eager { req, buf, sent, .. },
+            state: SlotState::Eager { req, buf, .. },
             ..
         }) = self.slots[slot]
         else {
@@ -392,7 +425,6 @@ impl SendSide {
             return Ok(Vec::new());
         }
         self.expected_tag = None;
-        self.strays[slot] += u32::from(!sent);
         self.start_rendezvous(seq, entries).take(buf, req);
         Ok(self.layout_posts(slot))
     }
@@ -405,11 +437,10 @@ impl SendSide {
         for s in self.awaiting.drain(..) {
             let slot = slot_of(s);
             if let Some(SendSlot {
-                state: SlotState::Eager { req, buf, sent, .. },
+                state: SlotState::Eager { req, buf, .. },
                 ..
             }) = self.slots[slot].take()
             {
-                self.strays[slot] += u32::from(!sent);
                 if let Some(r) = self.requests.get_mut(req) {
                     *r = Request::Held;
                 }
@@ -565,16 +596,9 @@ impl SendSide {
         let qp = self.layout.qps_for(seq, buf.size).start;
         let mut posts = std::mem::take(&mut self.spare_posts);
         posts.clear();
-        posts.push(Post::Eager {
-            qp,
-            slot,
-            seq,
-            tag: buf.tag,
-            local_addr: buf.addr,
-            lkey: buf.lkeys[self.layout.local_member(qp)],
-            len: buf.size,
-            imm: eager::imm(seq, buf.size),
-        });
+        let unit = Unit::Eager { slot, seq, buf };
+        self.logs[qp].units.push_back(unit);
+        posts.push(self.eager_post(qp, unit));
         Some(Accepted {
             req,
             entry: 0,
@@ -605,7 +629,6 @@ impl SendSide {
     }
 
     fn layout_posts(&mut self, slot_index: usize) -> Vec<Post> {
-        let layout = self.layout;
         let Some(SendSlot {
             seq,
             state: SlotState::Rendezvous,
@@ -613,108 +636,200 @@ impl SendSide {
         else {
             return Vec::new();
         };
-        let slot = &mut self.rendezvous[slot_index];
-        let n = slot.cts.len();
+        let slot = &self.rendezvous[slot_index];
         let capacity = capacity(slot.cts.iter().map(|c| c.size));
-        let qps = layout.qps_for(seq, capacity);
+        let qps = self.layout.qps_for(seq, capacity);
         let used = qps.len();
-        // Called once every entry is matched, so the first one is.
-        let first = slot.sends[0].0;
-        let ringed = layout.uses_sizes_ring(n, capacity);
         let mut posts = std::mem::take(&mut self.spare_posts);
         posts.clear();
-        for (pos, qp) in qps.enumerate() {
-            if !ringed {
-                // The payload's last write carries the immediate: the bytes this QP delivered
-                // (they fit: the capacity does).
-                let write = RdmaWrite::chunk(&layout, qp, &slot.cts[0], &first, pos, used);
-                let imm = u32::try_from(write.len).unwrap_or(u32::MAX);
-                if write.len <= MAX_WRITE_BYTES {
-                    // NCCL's usual message: one write carries it.
-                    posts.push(Post::WriteImm {
-                        write,
-                        imm,
-                        slot: slot_index,
-                    });
-                    continue;
-                }
-                let mut pieces = write.pieces().peekable();
-                while let Some(piece) = pieces.next() {
-                    posts.push(if pieces.peek().is_some() {
-                        Post::Write(piece)
-                    } else {
-                        Post::WriteImm {
-                            write: piece,
-                            imm,
-                            slot: slot_index,
-                        }
-                    });
-                }
-                continue;
-            }
-            let mut sizes = [0u64; MAX_RECVS];
-            for (i, (buf, _)) in slot.sends[..n].iter().enumerate() {
-                let cts = &slot.cts[i];
-                sizes[i] = buf.size;
-                let write = RdmaWrite::chunk(&layout, qp, cts, buf, pos, used);
-                posts.extend(write.pieces().filter(|w| w.len > 0).map(Post::Write));
-            }
-            posts.push(Post::Sizes {
-                qp,
+        for qp in qps {
+            self.lane_posts(slot_index, qp, &mut posts);
+            self.logs[qp].units.push_back(Unit::Rendezvous {
                 slot: slot_index,
-                sizes,
-            });
-            // A zero-length write-with-immediate closes the message on this QP.
-            let write = RdmaWrite {
-                len: 0,
-                ..RdmaWrite::chunk(&layout, qp, &slot.cts[0], &first, 0, 1)
-            };
-            posts.push(Post::WriteImm {
-                write,
-                imm: 0,
-                slot: slot_index,
+                seq,
             });
         }
+        let slot = &mut self.rendezvous[slot_index];
         slot.pending = used;
         slot.posted = true;
         posts
     }
 
-    /// Account for a signaled write of `slot` completing on one QP.
+    /// The writes lane `qp` carries of the rendezvous message in `slot_index` (every entry
+    /// matched), with the keys of the lane's route, ending with its write-with-immediate.
+    fn lane_posts(&self, slot_index: usize, qp: usize, posts: &mut Vec<Post>) {
+        let Some(SendSlot { seq, .. }) = self.slots[slot_index] else {
+            return;
+        };
+        let slot = &self.rendezvous[slot_index];
+        let n = slot.cts.len();
+        let capacity = capacity(slot.cts.iter().map(|c| c.size));
+        let qps = self.layout.qps_for(seq, capacity);
+        let (pos, used) = (qp - qps.start, qps.len());
+        let members = self.routes[qp];
+        // Every entry is matched, so the first one is.
+        let first = slot.sends[0].0;
+        if !self.layout.uses_sizes_ring(n, capacity) {
+            // The payload's last write carries the immediate: the bytes this QP delivered
+            // (they fit: the capacity does).
+            let write = RdmaWrite::chunk(qp, members, &slot.cts[0], &first, pos, used);
+            let imm = u32::try_from(write.len).unwrap_or(u32::MAX);
+            if write.len <= MAX_WRITE_BYTES {
+                // NCCL's usual message: one write carries it.
+                posts.push(Post::WriteImm {
+                    write,
+                    imm,
+                    slot: slot_index,
+                });
+                return;
+            }
+            let mut pieces = write.pieces().peekable();
+            while let Some(piece) = pieces.next() {
+                posts.push(if pieces.peek().is_some() {
+                    Post::Write(piece)
+                } else {
+                    Post::WriteImm {
+                        write: piece,
+                        imm,
+                        slot: slot_index,
+                    }
+                });
+            }
+            return;
+        }
+        let mut sizes = [0u64; MAX_RECVS];
+        for (i, (buf, _)) in slot.sends[..n].iter().enumerate() {
+            sizes[i] = buf.size;
+            let write = RdmaWrite::chunk(qp, members, &slot.cts[i], buf, pos, used);
+            posts.extend(write.pieces().filter(|w| w.len > 0).map(Post::Write));
+        }
+        posts.push(Post::Sizes {
+            qp,
+            slot: slot_index,
+            sizes,
+        });
+        // A zero-length write-with-immediate closes the message on this QP.
+        let write = RdmaWrite {
+            len: 0,
+            ..RdmaWrite::chunk(qp, members, &slot.cts[0], &first, 0, 1)
+        };
+        posts.push(Post::WriteImm {
+            write,
+            imm: 0,
+            slot: slot_index,
+        });
+    }
+
+    /// The write of eager unit `unit` on lane `qp`.
+    fn eager_post(&self, qp: usize, unit: Unit) -> Post {
+        let Unit::Eager { slot, seq, buf } = unit else {
+            unreachable!("eager_post of a rendezvous unit");
+        };
+        Post::Eager {
+            qp,
+            slot,
+            seq,
+            tag: buf.tag,
+            local_addr: buf.addr,
+            lkey: buf.lkeys[self.routes[qp].0],
+            len: buf.size,
+            imm: eager::imm(seq, buf.size),
+        }
+    }
+
+    /// The members lane `qp`'s QP connects (this side's, the peer's).
+    pub fn route(&self, qp: usize) -> (usize, usize) {
+        self.routes[qp]
+    }
+
+    /// Lane `qp` now connects this side's member `local` to the peer's `remote`: its writes
+    /// use their keys.
+    pub fn set_route(&mut self, qp: usize, local: usize, remote: usize) {
+        self.routes[qp] = (local, remote);
+    }
+
+    /// A repair of lane `qp` resumes with `consumed` of its messages taken by the receiver:
+    /// those complete (whether or not this side saw their completions), and the rest are
+    /// written again, in order, with the lane's route. Returns those writes.
     ///
     /// # Errors
-    /// `Misuse` for a slot with nothing in flight (a stray completion).
-    pub fn handle_completion(&mut self, slot: usize) -> Result<()> {
-        if let Some(strays) = self.strays.get_mut(slot).filter(|s| **s > 0) {
-            // Completions on a QP arrive in posting order: an eager write posted earlier in
-            // this slot completes before anything posted after it.
-            *strays -= 1;
-            return Ok(());
+    /// `Remote` when the receiver says it took more than the lane carried.
+    pub fn replay(&mut self, qp: usize, consumed: u64) -> Result<Vec<Post>> {
+        let Some(log) = self.logs.get(qp) else {
+            return Ok(Vec::new());
+        };
+        let carried = log.taken + log.units.len() as u64;
+        if consumed < log.taken || consumed > carried {
+            return Err(Error::new(
+                Kind::Remote,
+                format!(
+                    "the receiver took {consumed} messages on QP index {qp}, which carried \
+                     {carried} ({} complete here)",
+                    log.taken
+                ),
+            ));
         }
-        match self.slots.get_mut(slot).and_then(Option::as_mut) {
-            Some(SendSlot {
-                state: SlotState::Eager { sent, .. },
-                ..
-            }) if !*sent => {
-                *sent = true;
-                Ok(())
+        while self.logs[qp].taken < consumed {
+            self.handle_completion(qp)?;
+        }
+        let units: Vec<Unit> = self.logs[qp].units.iter().copied().collect();
+        let mut posts = Vec::new();
+        for unit in units {
+            match unit {
+                Unit::Eager { .. } => posts.push(self.eager_post(qp, unit)),
+                Unit::Rendezvous { slot, .. } => self.lane_posts(slot, qp, &mut posts),
             }
-            Some(SendSlot {
-                state: SlotState::Rendezvous,
-                ..
-            }) if self.rendezvous[slot].pending > 0 => {
+        }
+        Ok(posts)
+    }
+
+    /// Account for the oldest unit of lane `qp` completing (the write-with-immediate that
+    /// closes it; completions on a QP come in posting order).
+    ///
+    /// # Errors
+    /// `Misuse` for a lane with nothing in flight (a stray completion).
+    pub fn handle_completion(&mut self, qp: usize) -> Result<()> {
+        let Some(unit) = self.logs.get_mut(qp).and_then(|l| l.units.pop_front()) else {
+            return Err(Error::misuse(format!(
+                "send completion on QP index {qp}, which carries nothing"
+            )));
+        };
+        self.logs[qp].taken += 1;
+        match unit {
+            Unit::Eager { slot, seq, .. } => {
+                // An eager write whose message went on by rendezvous, or was renumbered, before
+                // this completion arrived has nothing left to account for.
+                if let Some(SendSlot {
+                    seq: s,
+                    state: SlotState::Eager { sent, .. },
+                }) = self.slots[slot].as_mut()
+                    && *s == seq
+                {
+                    *sent = true;
+                }
+            }
+            Unit::Rendezvous { slot, seq } => {
+                let here = matches!(
+                    self.slots[slot],
+                    Some(SendSlot {
+                        seq: s,
+                        state: SlotState::Rendezvous,
+                    }) if s == seq
+                );
                 let r = &mut self.rendezvous[slot];
+                if !here || r.pending == 0 {
+                    return Err(Error::misuse(format!(
+                        "send completion for message {seq}, which is not in flight"
+                    )));
+                }
                 r.pending -= 1;
                 if r.pending == 0 && r.tested == entries_mask(r.cts.len()) {
                     // Only sends NCCL saw done before (detached eager ones): nobody tests it.
                     self.slots[slot] = None;
                 }
-                Ok(())
             }
-            _ => Err(Error::misuse(format!(
-                "send completion for idle slot {slot}"
-            ))),
         }
+        Ok(())
     }
 
     /// The slot of request `req`'s message, while the request is in flight.

@@ -8,6 +8,7 @@ use super::*;
 use crate::core::xorshift::Rng;
 
 mod eager_path;
+mod faults;
 mod quiet;
 mod random;
 mod rendezvous;
@@ -36,6 +37,28 @@ struct Pair {
     /// Answers the receiver wrote into the ring, and credits.
     cts_writes: usize,
     credit_writes: usize,
+    /// With faults: the receiver's writes and the sender's completions travel per lane, and a
+    /// failed lane loses what was on it.
+    faults: Option<Faults>,
+}
+
+/// What the fault mode adds: per lane, the receiver's writes on their way (answers, credits)
+/// and the sender's completions not yet polled, and which lanes are down.
+struct Faults {
+    answers: Vec<VecDeque<Answering>>,
+    acks: Vec<usize>,
+    down: Vec<bool>,
+    /// Per slot, the entries of its latest answer (the receiver's staging).
+    staged: Vec<Vec<Cts>>,
+    /// The latest credit the receiver wrote.
+    credit: u64,
+}
+
+/// A write of the receiver into the sender's memory.
+#[derive(Clone, Debug)]
+enum Answering {
+    Entries(usize, Vec<Cts>),
+    Credit(u64),
 }
 
 /// Where the sender's staging ring lies in its memory (quiet receives).
@@ -120,7 +143,21 @@ impl Pair {
             credit: 0,
             cts_writes: 0,
             credit_writes: 0,
+            faults: None,
         }
+    }
+
+    /// Answers and completions from now on travel per lane and can be lost with it.
+    fn with_faults(mut self) -> Self {
+        let lanes = self.wire.len();
+        self.faults = Some(Faults {
+            answers: vec![VecDeque::new(); lanes],
+            acks: vec![0; lanes],
+            down: vec![false; lanes],
+            staged: vec![Vec::new(); SLOTS],
+            credit: self.credit,
+        });
+        self
     }
 
     /// What the receiver's glue does: post, copy an eager message that arrived, answer.
@@ -138,10 +175,24 @@ impl Pair {
             self.copy_eager(c);
         }
         self.cts_writes += usize::from(cts.answer.is_some());
-        if let Some(a) = cts.answer {
-            for i in 0..a.entries(bufs.len()) {
-                self.ring[cts.slot * MAX_RECVS + i] = Some(a.entry(bufs, i));
+        let Some(a) = cts.answer else { return };
+        let entries: Vec<Cts> = (0..a.entries(bufs.len()))
+            .map(|i| a.entry(bufs, i))
+            .collect();
+        match &mut self.faults {
+            Some(f) => {
+                f.staged[cts.slot] = entries.clone();
+                if !f.down[cts.qp] {
+                    f.answers[cts.qp].push_back(Answering::Entries(cts.slot, entries));
+                }
             }
+            None => self.write_entries(cts.slot, &entries),
+        }
+    }
+
+    fn write_entries(&mut self, slot: usize, entries: &[Cts]) {
+        for (i, e) in entries.iter().enumerate() {
+            self.ring[slot * MAX_RECVS + i] = Some(*e);
         }
     }
 
@@ -161,9 +212,20 @@ impl Pair {
             answering = true;
         }
         if let Some(c) = self.recv.credit_due(answering) {
-            assert!(c > self.credit, "credits only grow");
-            self.credit = c;
             self.credit_writes += 1;
+            match &mut self.faults {
+                Some(f) => {
+                    assert!(c > f.credit, "credits only grow");
+                    f.credit = c;
+                    if !f.down[0] {
+                        f.answers[0].push_back(Answering::Credit(c));
+                    }
+                }
+                None => {
+                    assert!(c > self.credit, "credits only grow");
+                    self.credit = c;
+                }
+            }
         }
     }
 
@@ -219,7 +281,11 @@ impl Pair {
                 let to = (STAGING_AT + eager::slot_offset(slot, EAGER)) as usize + 16;
                 self.sender_mem.copy_within(from..from + n, to);
             }
-            self.wire[p.qp()].push_back(*p);
+            // A lane that is down takes nothing: the sender writes it again when it is
+            // repaired.
+            if self.faults.as_ref().is_none_or(|f| !f.down[p.qp()]) {
+                self.wire[p.qp()].push_back(*p);
+            }
         }
     }
 
@@ -258,19 +324,9 @@ impl Pair {
     }
 
     fn copy(&mut self, w: &RdmaWrite) {
-        let layout = self.send.layout();
-        assert_eq!(
-            w.lkey,
-            lkey_of(layout.local_member(w.qp)),
-            "lkey of QP {}",
-            w.qp
-        );
-        assert_eq!(
-            w.rkey,
-            rkey_of(layout.remote_member(w.qp)),
-            "rkey of QP {}",
-            w.qp
-        );
+        let (local, remote) = self.send.route(w.qp);
+        assert_eq!(w.lkey, lkey_of(local), "lkey of QP {}", w.qp);
+        assert_eq!(w.rkey, rkey_of(remote), "rkey of QP {}", w.qp);
         self.writes_per_qp[w.qp] += 1;
         let (l, r, n) = (
             w.local_addr as usize,
@@ -280,29 +336,129 @@ impl Pair {
         self.recv_mem[r..r + n].copy_from_slice(&self.sender_mem[l..l + n]);
     }
 
-    /// Deliver everything, choosing the next QP at random (order within a QP is kept).
+    /// Deliver everything, choosing the next QP at random (order within a QP is kept); with
+    /// faults, the receiver's writes and the sender's completions too, each lane in order.
     fn deliver_all(&mut self) {
-        while let Some(qp) = {
-            let busy: Vec<usize> = (0..self.wire.len())
-                .filter(|&q| !self.wire[q].is_empty())
-                .collect();
-            (!busy.is_empty()).then(|| busy[(self.rng.next() % busy.len() as u64) as usize])
-        } {
-            match self.wire[qp].pop_front().unwrap() {
-                Post::Write(w) => self.copy(&w),
-                Post::Sizes { slot, sizes, .. } => self.sizes_ring[slot] = sizes,
-                Post::WriteImm { write, imm, slot } => {
-                    self.copy(&write);
-                    self.recv.handle_completion(write.qp, imm).unwrap();
-                    self.send.handle_completion(slot).unwrap();
+        while self.deliver_one() {}
+        self.receiver_writes(false);
+        if self.faults.is_some() {
+            while self.deliver_one() {}
+        }
+    }
+
+    /// Deliver one thing on a random lane; false when nothing is left.
+    fn deliver_one(&mut self) -> bool {
+        let lanes = self.wire.len();
+        let busy: Vec<(usize, usize)> = (0..lanes)
+            .flat_map(|q| [(q, 0), (q, 1), (q, 2)])
+            .filter(|&(q, kind)| match (kind, &self.faults) {
+                (0, _) => !self.wire[q].is_empty(),
+                (1, Some(f)) => !f.answers[q].is_empty(),
+                (2, Some(f)) => f.acks[q] > 0,
+                _ => false,
+            })
+            .collect();
+        if busy.is_empty() {
+            return false;
+        }
+        let (qp, kind) = busy[(self.rng.next() % busy.len() as u64) as usize];
+        match kind {
+            0 => self.deliver_post(qp),
+            1 => self.deliver_answer(qp),
+            _ => {
+                if let Some(f) = &mut self.faults {
+                    f.acks[qp] -= 1;
                 }
-                eager @ Post::Eager { slot, .. } => {
-                    self.land(eager);
-                    self.send.handle_completion(slot).unwrap();
-                }
+                self.send.handle_completion(qp).unwrap();
             }
         }
-        self.receiver_writes(false);
+        true
+    }
+
+    /// The next post on lane `qp` arrives; its completion on the sender follows at once, or
+    /// with faults when its acknowledgement is delivered.
+    fn deliver_post(&mut self, qp: usize) {
+        let closes = match self.wire[qp].pop_front().unwrap() {
+            Post::Write(w) => {
+                self.copy(&w);
+                false
+            }
+            Post::Sizes { slot, sizes, .. } => {
+                self.sizes_ring[slot] = sizes;
+                false
+            }
+            Post::WriteImm { write, imm, .. } => {
+                self.copy(&write);
+                self.recv.handle_completion(write.qp, imm).unwrap();
+                true
+            }
+            eager @ Post::Eager { .. } => {
+                self.land(eager);
+                true
+            }
+        };
+        if closes {
+            match &mut self.faults {
+                Some(f) => f.acks[qp] += 1,
+                None => self.send.handle_completion(qp).unwrap(),
+            }
+        }
+    }
+
+    /// The next write of the receiver on lane `qp` lands in the sender's memory.
+    fn deliver_answer(&mut self, qp: usize) {
+        let Some(f) = &mut self.faults else { return };
+        match f.answers[qp].pop_front() {
+            Some(Answering::Entries(slot, entries)) => self.write_entries(slot, &entries),
+            Some(Answering::Credit(c)) => self.credit = self.credit.max(c),
+            None => {}
+        }
+    }
+
+    /// Lane `qp` fails: a random part of what was on it in each direction gets through (a
+    /// prefix: a QP delivers in order, and may stop in the middle of a message), the rest is
+    /// lost, and so are the sender's completions not yet polled beyond a random prefix. The
+    /// lane takes nothing until [`Self::repair`].
+    fn fail(&mut self, qp: usize) {
+        let forward = self.rng.below(self.wire[qp].len() as u64 + 1) as usize;
+        for _ in 0..forward {
+            self.deliver_post(qp);
+        }
+        self.wire[qp].clear();
+        let f = self.faults.as_mut().expect("fault mode");
+        let answers = (self.rng.next() % (f.answers[qp].len() as u64 + 1)) as usize;
+        let acks = (self.rng.next() % (f.acks[qp] as u64 + 1)) as usize;
+        for _ in 0..answers {
+            self.deliver_answer(qp);
+        }
+        let f = self.faults.as_mut().expect("fault mode");
+        f.answers[qp].clear();
+        f.acks[qp] = 0;
+        for _ in 0..acks {
+            self.send.handle_completion(qp).unwrap();
+        }
+        let f = self.faults.as_mut().expect("fault mode");
+        f.down[qp] = true;
+    }
+
+    /// Lane `qp` is repaired onto members `route` (this side's, the peer's): the receiver
+    /// writes again the latest answer of every slot that went on it (and its credit), and the
+    /// sender writes again what the receiver did not take.
+    fn repair(&mut self, qp: usize, route: (usize, usize)) {
+        let f = self.faults.as_mut().expect("fault mode");
+        f.down[qp] = false;
+        let rewrites: Vec<Answering> = self
+            .recv
+            .answers_on(qp)
+            .map(|(slot, _)| Answering::Entries(slot, f.staged[slot].clone()))
+            .collect();
+        f.answers[qp].extend(rewrites);
+        if self.recv.layout().quiet && qp == 0 && f.credit > 0 {
+            f.answers[qp].push_back(Answering::Credit(f.credit));
+        }
+        self.send.set_route(qp, route.0, route.1);
+        let posts = self.send.replay(qp, self.recv.consumed(qp)).unwrap();
+        self.queue(&posts);
     }
 
     /// The receiver's side of an eager message: it lands in its bounce slot and the receiver
@@ -430,4 +586,53 @@ fn assert_delivered(p: &Pair, dst: u64, src: u64, len: u64) {
 /// Whether a send went eagerly (one eager write, no CTS awaited).
 fn is_eager(a: &Accepted) -> bool {
     matches!(a.posts[..], [Post::Eager { .. }])
+}
+
+/// Messages `(index, request or slot)` in flight in a random-traffic test, oldest first; message
+/// `i` carries `size(i)` bytes from `src(i)` into `dst(i)`.
+struct InFlight<'a> {
+    sends: VecDeque<(usize, usize)>,
+    recvs: VecDeque<(usize, usize)>,
+    size: &'a dyn Fn(usize) -> u64,
+    src: &'a dyn Fn(usize) -> u64,
+    dst: &'a dyn Fn(usize) -> u64,
+}
+
+impl InFlight<'_> {
+    fn is_empty(&self) -> bool {
+        self.sends.is_empty() && self.recvs.is_empty()
+    }
+
+    /// Complete the oldest receive when it is done: its size and bytes checked, its buffer wiped
+    /// for the message a ring later. True when it completed.
+    fn finish_receive(&mut self, p: &mut Pair, round: usize) -> bool {
+        let Some(&(i, slot)) = self.recvs.front() else {
+            return false;
+        };
+        let Some(sizes) = p.received(slot) else {
+            return false;
+        };
+        let (size, dst) = ((self.size)(i), (self.dst)(i));
+        assert_eq!(sizes, vec![size], "round {round} message {i}");
+        assert_delivered(p, dst, (self.src)(i), size);
+        p.recv_mem[dst as usize..dst as usize + 8192].fill(0xee);
+        p.recv.release(slot);
+        self.recvs.pop_front();
+        true
+    }
+
+    /// Complete the oldest send when it is done, checking the size it reports. True when it
+    /// completed.
+    fn finish_send(&mut self, p: &mut Pair, round: usize) -> bool {
+        let Some(&(i, req)) = self.sends.front() else {
+            return false;
+        };
+        let Some(size) = p.sent(req) else {
+            return false;
+        };
+        assert_eq!(size, (self.size)(i), "round {round} send {i}");
+        p.send.release(req);
+        self.sends.pop_front();
+        true
+    }
 }

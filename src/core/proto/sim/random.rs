@@ -2,55 +2,6 @@
 
 use super::*;
 
-/// Messages `(index, request or slot)` in flight in a random-traffic test, oldest first; message
-/// `i` carries `size(i)` bytes from `src(i)` into `dst(i)`.
-struct InFlight<'a> {
-    sends: VecDeque<(usize, usize)>,
-    recvs: VecDeque<(usize, usize)>,
-    size: &'a dyn Fn(usize) -> u64,
-    src: &'a dyn Fn(usize) -> u64,
-    dst: &'a dyn Fn(usize) -> u64,
-}
-
-impl InFlight<'_> {
-    fn is_empty(&self) -> bool {
-        self.sends.is_empty() && self.recvs.is_empty()
-    }
-
-    /// Complete the oldest receive when it is done: its size and bytes checked, its buffer wiped
-    /// for the message a ring later. True when it completed.
-    fn finish_receive(&mut self, p: &mut Pair, round: usize) -> bool {
-        let Some(&(i, slot)) = self.recvs.front() else {
-            return false;
-        };
-        let Some(sizes) = p.received(slot) else {
-            return false;
-        };
-        let (size, dst) = ((self.size)(i), (self.dst)(i));
-        assert_eq!(sizes, vec![size], "round {round} message {i}");
-        assert_delivered(p, dst, (self.src)(i), size);
-        p.recv_mem[dst as usize..dst as usize + 8192].fill(0xee);
-        p.recv.release(slot);
-        self.recvs.pop_front();
-        true
-    }
-
-    /// Complete the oldest send when it is done, checking the size it reports. True when it
-    /// completed.
-    fn finish_send(&mut self, p: &mut Pair, round: usize) -> bool {
-        let Some(&(i, req)) = self.sends.front() else {
-            return false;
-        };
-        let Some(size) = p.sent(req) else {
-            return false;
-        };
-        assert_eq!(size, (self.size)(i), "round {round} send {i}");
-        p.send.release(req);
-        self.sends.pop_front();
-        true
-    }
-}
-
 /// Random interleavings of both paths: each message is posted receive-first or send-first,
 /// sized around the threshold, sent from host or GPU memory, with deliveries at random points
 /// (receives stay in host memory: one refusal ends the eager path, tested on its own). Every
