@@ -467,7 +467,7 @@ fn data_passed_both_ways(run: &Run, what: &str) {
     }
 }
 
-/// The error counters of `src/bin/nccl-net-doctor/pair.rs` that rxe has.
+/// The error counters of `src/bin/nccl-net-doctor/pair/counters.rs` that rxe has.
 const RXE_ERROR_COUNTERS: &[&str] = &[
     "duplicate_request",
     "out_of_seq_request",

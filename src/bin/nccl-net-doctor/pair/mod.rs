@@ -6,8 +6,6 @@
 //! Both sides run the same sequence per rail (NCCL device i to the peer's device i); direction
 //! 0 is the serving side sending, direction 1 the other way. Control messages are JSON lines.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,42 +14,23 @@ use std::time::{Duration, Instant};
 use nccl_net::cuda::DeviceBuffer;
 use nccl_net::doctor::{Finding, Roots, Severity};
 use nccl_net::driver::{
-    self, Driver, Handle, LoadOptions, NCCL_PTR_CUDA, Ptr, fill_pattern, pattern_at, rendezvous,
+    self, Driver, LoadOptions, NCCL_PTR_CUDA, Ptr, fill_pattern, pattern_at, rendezvous,
 };
-use serde::{Deserialize, Serialize};
 
 use crate::card::{CardDevice, NodeCard, agreement};
+
+mod bandwidth;
+mod control;
+mod counters;
+
+use control::{Control, Msg, expect, hex, unhex};
+use counters::read_counters;
 
 /// Message sizes of the correctness phase: odd sizes around page and chunk boundaries.
 const CHECK_SIZES: [usize; 5] = [1, 4097, 65_536 + 3, (1 << 20) + 3, 4 << 20];
 /// Message size and requests in flight of the bandwidth phase.
 const BW_SIZE: usize = 4 << 20;
 const BW_WINDOW: usize = 8;
-/// Counters whose rise means lost packets, retries or a flapping link.
-const ERROR_COUNTERS: &[&str] = &[
-    "symbol_error",
-    "link_downed",
-    "link_error_recovery",
-    "port_rcv_errors",
-    "port_rcv_remote_physical_errors",
-    "port_xmit_discards",
-    "local_link_integrity_errors",
-    "excessive_buffer_overrun_errors",
-    "out_of_sequence",
-    "packet_seq_err",
-    "local_ack_timeout_err",
-    "roce_adp_retrans",
-    "rnr_nak_retry_err",
-    "req_cqe_error",
-    "resp_cqe_error",
-    "duplicate_request",
-    "out_of_seq_request",
-    "rcvd_seq_err",
-    "retry_exceeded_err",
-    "retry_rnr_exceeded_err",
-    "completer_retry_err",
-    "send_err",
-];
 
 /// How to run.
 #[derive(Clone, Debug)]
@@ -82,99 +61,6 @@ pub(crate) struct PairOutcome {
     pub(crate) findings: Vec<Finding>,
     /// The other end's card, once exchanged.
     pub(crate) peer: Option<NodeCard>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum Msg {
-    Card {
-        card: Box<NodeCard>,
-    },
-    Handle {
-        handle: String,
-    },
-    Connected {
-        error: Option<String>,
-    },
-    Verified {
-        ok: bool,
-        detail: String,
-    },
-    Gpu {
-        usable: Option<String>,
-    },
-    Stream {
-        count: usize,
-    },
-    StreamDone {
-        error: Option<String>,
-    },
-    Bandwidth {
-        gbps: f64,
-        seconds: f64,
-        bytes: u64,
-    },
-    Counters {
-        deltas: Vec<(String, u64)>,
-        read: usize,
-    },
-    Abort {
-        why: String,
-    },
-}
-
-/// The control channel: one JSON message per line.
-struct Control {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl Control {
-    fn new(stream: TcpStream, timeout: Duration) -> Result<Self, String> {
-        stream
-            .set_read_timeout(Some(timeout))
-            .and_then(|()| stream.set_nodelay(true))
-            .map_err(|e| e.to_string())?;
-        let writer = stream.try_clone().map_err(|e| e.to_string())?;
-        Ok(Self {
-            reader: BufReader::new(stream),
-            writer,
-        })
-    }
-
-    fn send(&mut self, msg: &Msg) -> Result<(), String> {
-        let mut line = serde_json::to_string(msg).map_err(|e| e.to_string())?;
-        line.push('\n');
-        self.writer
-            .write_all(line.as_bytes())
-            .map_err(|e| format!("control channel: {e}"))
-    }
-
-    fn recv(&mut self) -> Result<Msg, String> {
-        let mut line = String::new();
-        match self.reader.read_line(&mut line) {
-            Ok(0) => Err("the peer closed the control channel".to_owned()),
-            Ok(_) => match serde_json::from_str(&line) {
-                Ok(Msg::Abort { why }) => Err(format!("the peer stopped: {why}")),
-                Ok(msg) => Ok(msg),
-                Err(e) => Err(format!("unreadable control message ({e}): {}", line.trim())),
-            },
-            Err(e) => Err(format!(
-                "control channel: {e} (the peer did not answer in time)"
-            )),
-        }
-    }
-}
-
-/// Expect a message of one kind; `pick` returns `None` for any other.
-fn expect<T>(
-    ctl: &mut Control,
-    what: &str,
-    pick: impl FnOnce(Msg) -> Option<T>,
-) -> Result<T, String> {
-    let msg = ctl.recv()?;
-    let text = format!("{msg:?}");
-    pick(msg).ok_or_else(|| format!("expected {what} from the peer, got {text}"))
 }
 
 /// `--serve`: wait for one peer on `addr`. `Err` = could not run (no peer came).
@@ -406,9 +292,6 @@ fn run(
     out
 }
 
-/// One end's counter report: whose, the rises, how many counters were read, its device.
-type End<'a> = (&'a str, Vec<(String, u64)>, usize, &'a CardDevice);
-
 /// One rail's checks.
 struct Rail<'a> {
     ctl: &'a mut Control,
@@ -430,21 +313,6 @@ struct Comms {
     rbuf: Vec<u8>,
     smh: Ptr,
     rmh: Ptr,
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Handle> {
-    let mut h = [0u8; 128];
-    if text.len() != 256 {
-        return None;
-    }
-    for (i, byte) in h.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(h)
 }
 
 impl Rail<'_> {
@@ -760,190 +628,6 @@ impl Rail<'_> {
         let _ = net.dereg_mr(comm, mh);
         outcome
     }
-
-    /// About `seconds` of `BW_SIZE` messages one way, `BW_WINDOW` in flight.
-    fn bandwidth(
-        &mut self,
-        c: &mut Comms,
-        direction: usize,
-        l: &CardDevice,
-        r: &CardDevice,
-    ) -> Result<(), String> {
-        let net = self.net;
-        let (sptr, rptr) = (c.sbuf.as_mut_ptr(), c.rbuf.as_mut_ptr());
-        let name = self.direction_name(direction);
-        let measured = if self.sends(direction) {
-            let run = |count: usize, ctl: &mut Control| -> Result<f64, String> {
-                ctl.send(&Msg::Stream { count })?;
-                let start = Instant::now();
-                let sent = net
-                    .send_stream(
-                        c.sc,
-                        c.smh,
-                        &[sptr],
-                        BW_SIZE,
-                        count,
-                        BW_WINDOW,
-                        Instant::now() + self.o.timeout,
-                        |_, _| {},
-                    )
-                    .map_err(with_cause);
-                let elapsed = start.elapsed().as_secs_f64();
-                let theirs = expect(ctl, "its stream result", |m| match m {
-                    Msg::StreamDone { error } => Some(error),
-                    _ => None,
-                })?;
-                sent?;
-                theirs.map_or(Ok(elapsed), Err)
-            };
-            let probe = run(BW_WINDOW, self.ctl)?;
-            let count = ((self.o.seconds / probe.max(1e-6)) * BW_WINDOW as f64)
-                .clamp(BW_WINDOW as f64, 1e6) as usize;
-            let seconds = run(count, self.ctl)?;
-            let bytes = (count * BW_SIZE) as u64;
-            let gbps = bytes as f64 * 8.0 / seconds / 1e9;
-            self.ctl.send(&Msg::Bandwidth {
-                gbps,
-                seconds,
-                bytes,
-            })?;
-            (gbps, seconds, bytes)
-        } else {
-            loop {
-                match self.ctl.recv()? {
-                    Msg::Stream { count } => {
-                        let got = net
-                            .recv_stream(
-                                c.rc,
-                                c.rmh,
-                                &[rptr],
-                                BW_SIZE,
-                                count,
-                                BW_WINDOW,
-                                Instant::now() + self.o.timeout,
-                                |i, _, received| {
-                                    if received == BW_SIZE {
-                                        Ok(())
-                                    } else {
-                                        Err(format!("message {i}: {received} of {BW_SIZE} bytes"))
-                                    }
-                                },
-                            )
-                            .map_err(with_cause);
-                        self.ctl.send(&Msg::StreamDone { error: got.err() })?;
-                    }
-                    Msg::Bandwidth {
-                        gbps,
-                        seconds,
-                        bytes,
-                    } => break (gbps, seconds, bytes),
-                    other => return Err(format!("expected the bandwidth run, got {other:?}")),
-                }
-            }
-        };
-        let (gbps, seconds, bytes) = measured;
-        let expected = expected_mbps(l, r);
-        let what = format!(
-            "{name}: {gbps:.2} Gb/s ({} MiB in {seconds:.2} s)",
-            bytes >> 20
-        );
-        let f = match expected {
-            Expected::Software => {
-                let mut f = Finding::new(
-                    Severity::Info,
-                    "pair.bandwidth",
-                    self.entity.clone(),
-                    format!("{what}; software device: its nominal rate means nothing"),
-                );
-                f = f.evidence("measured Gb/s", format!("{gbps:.3}"));
-                f
-            }
-            Expected::Rate { mbps, limit } => {
-                let pct = gbps * 1000.0 / mbps as f64 * 100.0;
-                let text = format!(
-                    "{what} = {pct:.0}% of the expected {:.0} Gb/s ({limit})",
-                    mbps as f64 / 1000.0
-                );
-                let severity = match pct {
-                    p if p >= 90.0 => Severity::Pass,
-                    p if p >= 75.0 => Severity::Warn,
-                    _ => Severity::Fail,
-                };
-                let mut f = Finding::new(severity, "pair.bandwidth", self.entity.clone(), text);
-                if severity != Severity::Pass {
-                    f = f.fix("compare with ib_write_bw between the same ports; check link.rate, pcie.link, mtu and the error counters on both nodes");
-                }
-                f.evidence("measured Gb/s", format!("{gbps:.3}"))
-                    .evidence("expected Mbps", mbps.to_string())
-            }
-        };
-        self.findings.push(f);
-        Ok(())
-    }
-
-    /// Error counters before and after, on both ends (`l` here, `r` the peer's).
-    fn counters(
-        &mut self,
-        roots: &Roots,
-        l: &CardDevice,
-        r: &CardDevice,
-        before: &BTreeMap<String, u64>,
-    ) -> Result<(), String> {
-        let after = read_counters(roots, l);
-        let deltas: Vec<(String, u64)> = after
-            .iter()
-            .filter(|(k, _)| ERROR_COUNTERS.iter().any(|e| k.ends_with(&format!("/{e}"))))
-            .filter_map(|(k, v)| Some((k.clone(), v.checked_sub(*before.get(k)?)?)))
-            .filter(|(_, d)| *d > 0)
-            .collect();
-        self.ctl.send(&Msg::Counters {
-            deltas: deltas.clone(),
-            read: after.len(),
-        })?;
-        let (theirs, their_read) = expect(self.ctl, "its counters", |m| match m {
-            Msg::Counters { deltas, read } => Some((deltas, read)),
-            _ => None,
-        })?;
-        let ends: Vec<End<'_>> = if self.loopback {
-            vec![("here", deltas, after.len(), l)]
-        } else {
-            vec![
-                ("here", deltas, after.len(), l),
-                ("on the peer", theirs, their_read, r),
-            ]
-        };
-        for (whose, deltas, read, device) in ends {
-            if read == 0 {
-                self.finding(
-                    Severity::Unknown,
-                    "pair.counters",
-                    format!("no port counters readable {whose}"),
-                );
-            } else if deltas.is_empty() {
-                self.finding(
-                    Severity::Pass,
-                    "pair.counters",
-                    format!("no error counter rose {whose} ({read} counters read)"),
-                );
-            } else {
-                let list: Vec<String> = deltas.iter().map(|(k, d)| format!("{k} +{d}")).collect();
-                let f = self.finding(
-                    Severity::Warn,
-                    "pair.counters",
-                    format!(
-                        "error counters rose {whose} during the check: {}",
-                        list.join(", ")
-                    ),
-                );
-                f.fix = Some(if is_software(device) {
-                    "software device: packets lost in the host's network stack (CPU load, netdev backlog) and retried; nothing to fix on the wire".to_owned()
-                } else {
-                    "packet loss or retries: check cables/transceivers, PFC/ECN on RoCE, and the switch port counters".to_owned()
-                });
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Whether a device can take part in the GPU check: CUDA works here and the plugin registers
@@ -1006,76 +690,4 @@ fn first_difference(seed: u64, got: &[u8]) -> usize {
         .zip(got)
         .position(|(a, b)| a != b)
         .unwrap_or(got.len())
-}
-
-/// What the bandwidth should reach.
-enum Expected {
-    /// A device without PCI (Soft-RoCE): no meaningful rate.
-    Software,
-    /// The smaller of both ends' port rates and PCIe links, and which term it was.
-    Rate { mbps: u64, limit: String },
-}
-
-/// Whether a member of `device` is a software device (rxe, siw: no PCI function).
-fn is_software(device: &CardDevice) -> bool {
-    device.members.iter().any(|m| m.pci.is_none())
-}
-
-fn expected_mbps(l: &CardDevice, r: &CardDevice) -> Expected {
-    if is_software(l) || is_software(r) {
-        return Expected::Software;
-    }
-    let pcie = |d: &CardDevice| {
-        d.members
-            .iter()
-            .map(|m| m.pcie_mbps.unwrap_or(u64::MAX))
-            .fold(0u64, u64::saturating_add)
-    };
-    let terms = [
-        (u64::from(l.speed_mbps), "this node's port rate"),
-        (u64::from(r.speed_mbps), "the peer's port rate"),
-        (pcie(l), "this node's PCIe link"),
-        (pcie(r), "the peer's PCIe link"),
-    ];
-    let (mbps, limit) = terms
-        .iter()
-        .min_by_key(|(m, _)| *m)
-        .copied()
-        .unwrap_or((1, ""));
-    Expected::Rate {
-        mbps: mbps.max(1),
-        limit: limit.to_owned(),
-    }
-}
-
-/// Every numeric file under the members' `counters/` and `hw_counters/`, keyed by path.
-fn read_counters(roots: &Roots, device: &CardDevice) -> BTreeMap<String, u64> {
-    let mut all = BTreeMap::new();
-    for m in &device.members {
-        for dir in [
-            format!(
-                "/sys/class/infiniband/{}/ports/{}/counters",
-                m.device, m.port
-            ),
-            format!(
-                "/sys/class/infiniband/{}/ports/{}/hw_counters",
-                m.device, m.port
-            ),
-            format!("/sys/class/infiniband/{}/hw_counters", m.device),
-        ] {
-            let Ok(listing) = std::fs::read_dir(roots.at(&dir)) else {
-                continue;
-            };
-            for entry in listing.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if let Some(v) = std::fs::read_to_string(entry.path())
-                    .ok()
-                    .and_then(|t| t.trim().parse().ok())
-                {
-                    all.insert(format!("{dir}/{name}"), v);
-                }
-            }
-        }
-    }
-    all
 }
