@@ -9,43 +9,85 @@
 # Without the veth trick every packet to a local address enters on `lo`, where rxe0 would take
 # it; with it, cross-device traffic (a fused rxe1+rxe2 against a lone rxe1) works in one VM.
 #
+# A second, independent path exists only while a test that needs two member paths made it
+# (every other test, and the doctor's documented sample, see three devices):
+#   rxe3  on veth2  127.0.2.1  \ the same trick on a second veth pair: a fused rxe1+rxe3
+#   rxe4  on veth3  127.0.2.2  / against rxe2+rxe4 has two member paths that fail alone
+#
 # usage: vm-guest.sh WORKDIR
-#        vm-guest.sh --restore-veth   (inside the VM: both veth ends up, routes back)
+#        vm-guest.sh --restore-veth        (inside the VM: every veth end up, routes back)
+#        vm-guest.sh --second-path up|down (inside the VM: make or remove veth2/veth3, rxe3/rxe4)
 work="$1"
 
-sysctl_all() {
-  local dev
-  for dev in all default lo veth0 veth1; do
-    sysctl -qw "net.ipv4.conf.$dev.$1=$2" || return 1
+# The veth pairs: "END_A END_B ADDRESS_A ADDRESS_B RULE_PREF"; rules RULE_PREF and +1 deliver
+# what came in on an end, +10 and +11 route to the other end's address.
+PAIRS=("veth0 veth1 127.0.1.1 127.0.1.2 10" "veth2 veth3 127.0.2.1 127.0.2.2 12")
+
+sysctl_on() { # sysctl_on NAME VALUE DEV...
+  local name="$1" value="$2" dev
+  shift 2
+  for dev in "$@"; do
+    sysctl -qw "net.ipv4.conf.$dev.$name=$value" || return 1
   done
 }
 
-# Routes and neighbours of the veth pair; the kernel drops them when an end goes down, so tests
+# Routes and neighbours of one veth pair; the kernel drops them when an end goes down, so tests
 # that take a link down call `vm-guest.sh --restore-veth` afterwards.
-veth_routes() {
-  ip route replace 127.0.1.2/32 dev veth0 src 127.0.1.1 table 100 &&
-    ip route replace 127.0.1.1/32 dev veth1 src 127.0.1.2 table 100 &&
-    ip neigh replace 127.0.1.2 lladdr "$(cat /sys/class/net/veth1/address)" dev veth0 nud permanent &&
-    ip neigh replace 127.0.1.1 lladdr "$(cat /sys/class/net/veth0/address)" dev veth1 nud permanent
+veth_routes() { # veth_routes END_A END_B ADDRESS_A ADDRESS_B
+  ip route replace "$4/32" dev "$1" src "$3" table 100 &&
+    ip route replace "$3/32" dev "$2" src "$4" table 100 &&
+    ip neigh replace "$4" lladdr "$(cat "/sys/class/net/$2/address")" dev "$1" nud permanent &&
+    ip neigh replace "$3" lladdr "$(cat "/sys/class/net/$1/address")" dev "$2" nud permanent
 }
 
-setup_veth_pair() {
-  ip link add veth0 type veth peer name veth1 &&
-    ip addr add 127.0.1.1/32 dev veth0 &&
-    ip addr add 127.0.1.2/32 dev veth1 &&
-    ip link set veth0 up && ip link set veth1 up &&
-    sysctl_all route_localnet 1 && sysctl_all accept_local 1 && sysctl_all rp_filter 0 &&
+setup_veth_pair() { # setup_veth_pair END_A END_B ADDRESS_A ADDRESS_B RULE_PREF
+  local pref="$5" key
+  ip link add "$1" type veth peer name "$2" &&
+    ip addr add "$3/32" dev "$1" &&
+    ip addr add "$4/32" dev "$2" &&
+    ip link set "$1" up && ip link set "$2" up &&
+    for key in route_localnet accept_local; do sysctl_on "$key" 1 "$1" "$2" || return 1; done &&
+    sysctl_on rp_filter 0 "$1" "$2" &&
     # Local delivery only for packets that came in on a veth end (or are not for a veth address).
-    ip rule add pref 100 lookup local && ip rule del pref 0 &&
-    ip rule add pref 10 iif veth0 lookup local &&
-    ip rule add pref 11 iif veth1 lookup local &&
-    ip rule add pref 20 to 127.0.1.2 lookup 100 &&
-    ip rule add pref 21 to 127.0.1.1 lookup 100 &&
-    veth_routes
+    ip rule add pref "$pref" iif "$1" lookup local &&
+    ip rule add pref $((pref + 1)) iif "$2" lookup local &&
+    ip rule add pref $((pref + 10)) to "$4" lookup 100 &&
+    ip rule add pref $((pref + 11)) to "$3" lookup 100 &&
+    veth_routes "$1" "$2" "$3" "$4"
+}
+
+remove_veth_pair() { # remove_veth_pair END_A END_B ADDRESS_A ADDRESS_B RULE_PREF
+  local offset
+  ip link del "$1" || return 1
+  for offset in 0 1 10 11; do ip rule del pref $(($5 + offset)) || return 1; done
 }
 
 if [ "$work" = --restore-veth ]; then
-  ip link set veth0 up && ip link set veth1 up && veth_routes
+  for pair in "${PAIRS[@]}"; do
+    read -r a b ia ib _ <<<"$pair"
+    [ -e "/sys/class/net/$a" ] || continue
+    ip link set "$a" up && ip link set "$b" up && veth_routes "$a" "$b" "$ia" "$ib" || exit 1
+  done
+  exit
+fi
+
+if [ "$work" = --second-path ]; then
+  case "$2" in
+    up)
+      # (the pair's fields, split on purpose)
+      setup_veth_pair ${PAIRS[1]} &&
+        rdma link add rxe3 type rxe netdev veth2 && rdma link add rxe4 type rxe netdev veth3 &&
+        [ -e /sys/class/infiniband/rxe3 ] && [ -e /sys/class/infiniband/rxe4 ]
+      ;;
+    down)
+      rdma link delete rxe3 && rdma link delete rxe4 &&
+        remove_veth_pair ${PAIRS[1]}
+      ;;
+    *)
+      echo "usage: vm-guest.sh --second-path up|down" >&2
+      exit 2
+      ;;
+  esac
   exit
 fi
 
@@ -53,7 +95,11 @@ setup_rxe() {
   modprobe rdma_rxe &&
     ip link set lo up &&
     rdma link add rxe0 type rxe netdev lo &&
-    setup_veth_pair &&
+    sysctl_on route_localnet 1 all default lo && sysctl_on accept_local 1 all default lo &&
+    sysctl_on rp_filter 0 all default lo &&
+    ip rule add pref 100 lookup local && ip rule del pref 0 &&
+    # (the pair's fields, split on purpose)
+    setup_veth_pair ${PAIRS[0]} &&
     rdma link add rxe1 type rxe netdev veth0 &&
     rdma link add rxe2 type rxe netdev veth1 &&
     [ -e /sys/class/infiniband/rxe0 ] && [ -e /sys/class/infiniband/rxe1 ] &&

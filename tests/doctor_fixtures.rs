@@ -1651,6 +1651,94 @@ fn plugin_devices_lists_what_nccl_gets() {
     );
 }
 
+#[test]
+fn a_fused_device_with_a_member_down_is_degraded_not_failed() {
+    let down = Port {
+        state: 1,
+        phys_state: 2,
+        ..Port::default()
+    };
+    // The two ports of one NIC (functions .0 and .1): fused while both are up.
+    let node = |name: &str, second: &Port| {
+        let mut node = Node::new(name);
+        node.nic("mlx5_0", Some("0000:0b:00.0"), &Port::default())
+            .nic("mlx5_1", Some("0000:0b:00.1"), second);
+        node
+    };
+    let half = node("degraded", &down);
+    let findings = half.check("plugin.devices");
+    assert_eq!(findings.len(), 2, "{findings:#?}");
+    has(
+        &findings,
+        Severity::Pass,
+        "plugin",
+        "NCCL gets 1 device(s): [0] mlx5_0 (RoCE 400 Gb/s); not used: mlx5_1:1 is DOWN (not ACTIVE)",
+    );
+    has(
+        &findings,
+        Severity::Warn,
+        "mlx5_0+mlx5_1",
+        "degraded: mlx5_1:1 is DOWN (phys Polling); NCCL gets 1 of its 2 members (mlx5_0:1, 400 Gb/s)",
+    );
+    let warn = findings
+        .iter()
+        .find(|f| f.severity == Severity::Warn)
+        .unwrap();
+    assert!(
+        warn.fix
+            .as_deref()
+            .unwrap()
+            .starts_with("bring mlx5_1:1 back")
+    );
+    // No failure anywhere: the spare port itself is a warning, the node still works.
+    assert!(
+        node_checks(&half.facts())
+            .iter()
+            .all(|f| f.severity != Severity::Fail)
+    );
+
+    // The port itself: a warning that names the device carrying on, even when NCCL_IB_HCA names
+    // it (a named port down is otherwise a failure).
+    let mut named = node("degraded-named", &down);
+    named.env("NCCL_IB_HCA", "mlx5_0,mlx5_1");
+    for n in [&half, &named] {
+        has(
+            &n.check("port.state"),
+            Severity::Warn,
+            "mlx5_1:1",
+            "; mlx5_0+mlx5_1 carries on without it (degraded, see plugin.devices)",
+        );
+        assert!(
+            node_checks(&n.facts())
+                .iter()
+                .all(|f| f.severity != Severity::Fail)
+        );
+    }
+
+    // Not degraded: both up; fusion turned off; every member down (gone, not degraded).
+    let whole = node("degraded-whole", &Port::default());
+    one(
+        &whole.check("plugin.devices"),
+        Severity::Pass,
+        "[0] mlx5_0+mlx5_1",
+    );
+    let mut unfused = node("degraded-unfused", &down);
+    unfused.env("NCCL_IB_MERGE_NICS", "0");
+    one(
+        &unfused.check("plugin.devices"),
+        Severity::Pass,
+        "[0] mlx5_0 ",
+    );
+    let mut gone = Node::new("degraded-gone");
+    gone.nic("mlx5_0", Some("0000:0b:00.0"), &down)
+        .nic("mlx5_1", Some("0000:0b:00.1"), &down);
+    one(
+        &gone.check("plugin.devices"),
+        Severity::Fail,
+        "NCCL would get 0 devices",
+    );
+}
+
 /// `/dev/kmsg` records as the kernel hands them out: `PRI,SEQ,MICROS,FLAGS;TEXT`, a dictionary
 /// continuation line after some. Priority 3 = facility 0 (the kernel), level 3; 11 = facility 1
 /// (user space: `echo > /dev/kmsg`), level 3.

@@ -1,10 +1,10 @@
 //! `nccl-net-doctor` in the Soft-RoCE VM, with faults staged for real: a lowered memlock
 //! limit, an unopenable `/dev/infiniband/uverbs*`, a netdev taken down, an MTU mismatch
 //! between the two ends of the veth pair, a GID-family mismatch, `NCCL_IB_HCA` matching
-//! nothing, packets lost on the wire (netem). Each must produce its FAIL or WARN line and exit
-//! code; the healthy VM exits 0; the
-//! pair check runs over rxe1/rxe2 as `--serve`/`--peer` and as `--loopback`, its JSON valid
-//! against the published schema. Faults change the VM's global state, so tests run one at a
+//! nothing, packets lost on the wire (netem), a fused device's member down. Each must produce
+//! its FAIL or WARN line and exit code; the healthy VM exits 0; the pair check runs over
+//! rxe1/rxe2 as `--serve`/`--peer` and as `--loopback`, over a fused device, and over two member
+//! paths (the second made by the test), its JSON valid against the published schema. Faults change the VM's global state, so tests run one at a
 //! time (a lock) and undo what they staged.
 #![allow(clippy::unwrap_used)] // test code panics with context
 
@@ -709,4 +709,120 @@ fn loopback_runs_every_device_to_itself() {
         );
     }
     assert_eq!(run.json()["mode"], "loopback");
+}
+
+#[test]
+fn a_fused_device_in_loopback_shows_each_members_packets() {
+    let _vm = in_vm();
+    let fused = [
+        ("NCCL_IB_HCA", "rxe1,rxe2"),
+        ("NCCL_NET_RS_FUSE", "rxe1+rxe2"),
+    ];
+    // The doctor's plugin speaks ncclNet v12, where NCCL fuses ports itself: the pair check
+    // uses the device as NCCL would (here NCCL_NET_RS_FUSE's group). Both members carry a share
+    // of the packets, each way, every byte checked.
+    let run = doctor(&["--loopback", "--json", "--seconds", "1"], &fused);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    for direction in ["first direction", "second direction"] {
+        run.has(
+            "PASS",
+            "pair.data",
+            "rxe1+rxe2 -> itself",
+            &format!("{direction}: host memory"),
+        );
+    }
+    let traffic = run.findings("pair.member_traffic");
+    assert_eq!(traffic.len(), 1, "{traffic:#?}");
+    run.has(
+        "PASS",
+        "pair.member_traffic",
+        "rxe1+rxe2 -> itself",
+        "packets per member here: rxe1 sent ",
+    );
+    assert!(
+        traffic[0]["what"]
+            .as_str()
+            .unwrap()
+            .contains("; rxe2 sent ")
+    );
+}
+
+#[test]
+fn a_fused_device_with_a_member_down_is_degraded_not_failed() {
+    let _vm = in_vm();
+    sh("bash scripts/vm-guest.sh --second-path up");
+    let _undo = Undo("bash scripts/vm-guest.sh --second-path down");
+    let fused = [
+        ("NCCL_IB_HCA", "rxe1,rxe3"),
+        ("NCCL_NET_RS_FUSE", "rxe1+rxe3"),
+    ];
+    let run = doctor(&["--json"], &fused);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    run.has("PASS", "plugin.devices", "plugin", "[0] rxe1+rxe3 (RoCE");
+    assert_eq!(run.findings("plugin.devices").len(), 1, "{}", run.stdout);
+    // The second path's link down (both its ends: a veth pair goes down together): rxe3 is
+    // DOWN, rxe1 carries on alone. A warning, not a failure.
+    sh("ip link set veth2 down");
+    let run = doctor(&["--json"], &fused);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    run.has(
+        "WARN",
+        "port.state",
+        "rxe3:1",
+        "DOWN: its netdev veth2 is down (phys Disabled); rxe1+rxe3 carries on without it",
+    );
+    run.has(
+        "WARN",
+        "plugin.devices",
+        "rxe1+rxe3",
+        "degraded: rxe3:1 is DOWN (phys ",
+    );
+    run.has(
+        "WARN",
+        "plugin.devices",
+        "rxe1+rxe3",
+        "NCCL gets 1 of its 2 members (rxe1:1, ",
+    );
+    run.has("PASS", "plugin.devices", "plugin", "[0] rxe1 (RoCE");
+}
+
+#[test]
+fn pair_check_over_two_member_paths_shows_each_members_packets_on_both_ends() {
+    let _vm = in_vm();
+    sh("bash scripts/vm-guest.sh --second-path up");
+    let _undo = Undo("bash scripts/vm-guest.sh --second-path down");
+    // rxe1+rxe3 against rxe2+rxe4: member 0 over veth0/veth1, member 1 over veth2/veth3.
+    let (serve, peer) = pair(
+        &[
+            ("NCCL_IB_HCA", "rxe1,rxe3"),
+            ("NCCL_NET_RS_FUSE", "rxe1+rxe3"),
+        ],
+        &[
+            ("NCCL_IB_HCA", "rxe2,rxe4"),
+            ("NCCL_NET_RS_FUSE", "rxe2+rxe4"),
+        ],
+    );
+    for (run, here, there) in [
+        (&serve, ["rxe1", "rxe3"], ["rxe2", "rxe4"]),
+        (&peer, ["rxe2", "rxe4"], ["rxe1", "rxe3"]),
+    ] {
+        assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+        data_passed_both_ways(run, "host memory, 5 messages");
+        let entity = format!("{}+{} <-> ", here[0], here[1]);
+        run.has("PASS", "pair.members", &entity, "fused ports: 2 on both");
+        for (whose, members) in [("here", here), ("on the peer", there)] {
+            run.has(
+                "PASS",
+                "pair.member_traffic",
+                &entity,
+                &format!("packets per member {whose}: {} sent ", members[0]),
+            );
+            run.has(
+                "PASS",
+                "pair.member_traffic",
+                &entity,
+                &format!("; {} sent ", members[1]),
+            );
+        }
+    }
 }

@@ -12,12 +12,13 @@ use super::facts::{
 use super::finding::{Finding, Severity};
 use super::pcie::{PcieLink, acs_control, acs_redirects, relaxed_ordering_enabled};
 use super::rows::{hca_port, pcie_function_dir, port_netdev};
-use crate::core::config::{AddrFamily, NOT_IMPLEMENTED};
+use crate::core::config::{AddrFamily, MAX_FUSED_MEMBERS, NOT_IMPLEMENTED};
 use crate::driver::Exports;
-use crate::plugin::PLUGIN_NAME;
+use crate::plugin::{PLUGIN_NAME, fusion_policy};
 use crate::topology::{
     DmaBuf, GidEntry, GidPolicy, HcaFilter, HcaPort, LinkLayer, NetDevice, PORT_ACTIVE, PciAddress,
-    PeerMem, choose_gid, dmabuf_both_sides, mtu_bytes, phys_state_name, pkey_at, port_state_name,
+    PeerMem, choose_gid, dmabuf_both_sides, fuse, mtu_bytes, phys_state_name, pkey_at,
+    port_state_name, select_devices,
 };
 
 mod access;
@@ -114,7 +115,7 @@ pub const CHECKS: &[(&str, &str)] = &[
     ),
     (
         "plugin.devices",
-        "the devices NCCL will get from the plugin, the ports left out and the fusions made",
+        "the devices NCCL will get from the plugin, the ports left out, the fusions made, and fused devices running on fewer members than they have (degraded)",
     ),
 ];
 
@@ -143,6 +144,54 @@ pub fn node_checks(facts: &NodeFacts) -> Vec<Finding> {
         plugin_devices,
     ];
     checks.iter().flat_map(|check| check(facts)).collect()
+}
+
+/// A fused device short of members: the fusion made as if every port were up, with members
+/// down now and members up.
+struct DegradedDevice {
+    /// The device's name with every member (`a+b`).
+    name: String,
+    down: Vec<NetDevice>,
+    up: Vec<NetDevice>,
+}
+
+/// The fused devices that run on fewer members than they have: the fusion made with every port
+/// up, against the ports up now. A device with no member up is not degraded but gone.
+fn degraded_devices(facts: &NodeFacts) -> Vec<DegradedDevice> {
+    let Ok(discovery) = &facts.survey.discovery else {
+        return Vec::new();
+    };
+    let is_down = |m: &NetDevice| {
+        discovery
+            .ports
+            .iter()
+            .any(|p| p.device == m.device && p.port == m.port && p.state != PORT_ACTIVE)
+    };
+    let all_up: Vec<HcaPort> = discovery
+        .ports
+        .iter()
+        .map(|p| HcaPort {
+            state: PORT_ACTIVE,
+            ..p.clone()
+        })
+        .collect();
+    let filter = facts
+        .config
+        .ib_hca
+        .as_deref()
+        .and_then(|v| HcaFilter::parse(v).ok());
+    let selection = select_devices(&all_up, filter.as_ref(), &facts.roots.sysfs());
+    let policy = fusion_policy(&facts.config, MAX_FUSED_MEMBERS);
+    fuse(selection.devices, &policy)
+        .devices
+        .into_iter()
+        .filter_map(|virt| {
+            let name = virt.name();
+            let (down, up): (Vec<NetDevice>, Vec<NetDevice>) =
+                virt.members.into_iter().partition(is_down);
+            (!down.is_empty() && !up.is_empty()).then_some(DegradedDevice { name, down, up })
+        })
+        .collect()
 }
 
 /// Human-readable bytes: `8 MiB`, `263 MiB`, `1.5 GiB`.

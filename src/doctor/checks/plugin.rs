@@ -414,7 +414,7 @@ pub(super) fn plugin_devices(facts: &NodeFacts) -> Vec<Finding> {
                 .fusion_decisions
                 .iter()
                 .fold(f, |f, d| f.evidence("fusion", d.clone()));
-            vec![s.devices.iter().fold(f, |f, d| {
+            let listed = s.devices.iter().fold(f, |f, d| {
                 f.evidence(
                     format!("device {}", d.virt.name()),
                     format!(
@@ -428,7 +428,64 @@ pub(super) fn plugin_devices(facts: &NodeFacts) -> Vec<Finding> {
                         d.memory.kinds()
                     ),
                 )
-            })]
+            });
+            std::iter::once(listed).chain(degraded(facts)).collect()
         }
     }
+}
+
+/// A WARN for each fused device that runs on fewer members than it has (see
+/// [`degraded_devices`]).
+fn degraded(facts: &NodeFacts) -> Vec<Finding> {
+    let Ok(discovery) = &facts.survey.discovery else {
+        return Vec::new();
+    };
+    degraded_devices(facts)
+        .iter()
+        .map(|d| {
+            let names = |ms: &[NetDevice]| {
+                ms.iter()
+                    .map(|m| format!("{}:{}", m.device, m.port))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let left: u64 = d.up.iter().map(|m| u64::from(m.speed_mbps)).sum();
+            let states: Vec<String> = d
+                .down
+                .iter()
+                .filter_map(|m| {
+                    discovery
+                        .ports
+                        .iter()
+                        .find(|p| p.device == m.device && p.port == m.port)
+                })
+                .map(|p| {
+                    format!(
+                        "{}:{} is {} (phys {})",
+                        p.device,
+                        p.port,
+                        port_state_name(p.state),
+                        phys_state_name(p.phys_state)
+                    )
+                })
+                .collect();
+            Finding::new(
+                Severity::Warn,
+                "plugin.devices",
+                d.name.clone(),
+                format!(
+                    "degraded: {}; NCCL gets {} of its {} members ({}, {})",
+                    states.join(", "),
+                    d.up.len(),
+                    d.up.len() + d.down.len(),
+                    names(&d.up),
+                    gbps(left)
+                ),
+            )
+            .fix(format!(
+                "bring {} back (see port.state); a job started now runs on the members left, and uses every member only once restarted",
+                names(&d.down)
+            ))
+        })
+        .collect()
 }

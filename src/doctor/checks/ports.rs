@@ -44,6 +44,7 @@ pub(super) fn port_state(facts: &NodeFacts) -> Vec<Finding> {
         .as_deref()
         .and_then(|v| HcaFilter::parse(v).ok());
     let usable = facts.survey.selection.is_ok();
+    let degraded = degraded_devices(facts);
     let sysfs = facts.roots.sysfs();
     let findings: Vec<Finding> = discovery
         .ports
@@ -96,12 +97,24 @@ pub(super) fn port_state(facts: &NodeFacts) -> Vec<Finding> {
             }
             let (what, fix) =
                 explain_state(p, netdev.as_ref().map(|(n, o)| (n.as_str(), o.clone())));
-            // A port the operator named, or the last hope for any device, is a failure; an
-            // unused spare port is only worth a warning.
-            let (severity, note) = if filter.is_some() || !usable {
-                (Severity::Fail, "")
-            } else {
-                (Severity::Warn, "; NCCL will not use it")
+            // A member of a fused device whose other members are up is a warning (the device
+            // is degraded); so is an unused spare port. A port the operator named, or the last
+            // hope for any device, is a failure.
+            let fused_into = degraded.iter().find(|d| {
+                d.down
+                    .iter()
+                    .any(|m| m.device == p.device && m.port == p.port)
+            });
+            let (severity, note) = match fused_into {
+                Some(d) => (
+                    Severity::Warn,
+                    format!(
+                        "; {} carries on without it (degraded, see plugin.devices)",
+                        d.name
+                    ),
+                ),
+                None if filter.is_some() || !usable => (Severity::Fail, String::new()),
+                None => (Severity::Warn, "; NCCL will not use it".to_owned()),
             };
             evidence(Finding::new(severity, CHECK, entity, format!("{what}{note}")).fix(fix))
         })

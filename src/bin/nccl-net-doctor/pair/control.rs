@@ -7,6 +7,7 @@ use std::time::Duration;
 use nccl_net::driver::Handle;
 use serde::{Deserialize, Serialize};
 
+use super::traffic::MemberTraffic;
 use crate::card::NodeCard;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -42,6 +43,8 @@ pub(super) enum Msg {
     Counters {
         deltas: Vec<(String, u64)>,
         read: usize,
+        /// Per member of a fused device; empty for one port.
+        members: Vec<MemberTraffic>,
     },
     Abort {
         why: String,

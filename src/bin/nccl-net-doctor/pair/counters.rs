@@ -7,6 +7,7 @@ use nccl_net::doctor::{Roots, Severity};
 use super::Rail;
 use super::bandwidth::is_software;
 use super::control::{Msg, expect};
+use super::traffic::{MemberTraffic, judge_traffic, member_traffic, members};
 use crate::card::CardDevice;
 
 /// Counters whose rise means lost packets, retries or a flapping link.
@@ -35,8 +36,15 @@ const ERROR_COUNTERS: &[&str] = &[
     "send_err",
 ];
 
-/// One end's counter report: whose, the rises, how many counters were read, its device.
-type End<'a> = (&'a str, Vec<(String, u64)>, usize, &'a CardDevice);
+/// One end's counter report: whose, the rises, how many counters were read, each member's
+/// packets (fused devices), its device.
+type End<'a> = (
+    &'a str,
+    Vec<(String, u64)>,
+    usize,
+    Vec<MemberTraffic>,
+    &'a CardDevice,
+);
 
 impl Rail<'_> {
     /// Error counters before and after, on both ends (`l` here, `r` the peer's).
@@ -54,23 +62,42 @@ impl Rail<'_> {
             .filter_map(|(k, v)| Some((k.clone(), v.checked_sub(*before.get(k)?)?)))
             .filter(|(_, d)| *d > 0)
             .collect();
+        let traffic = if l.members.len() > 1 {
+            member_traffic(members(l), before, &after)
+        } else {
+            Vec::new()
+        };
         self.ctl.send(&Msg::Counters {
             deltas: deltas.clone(),
             read: after.len(),
+            members: traffic.clone(),
         })?;
-        let (theirs, their_read) = expect(self.ctl, "its counters", |m| match m {
-            Msg::Counters { deltas, read } => Some((deltas, read)),
+        let (theirs, their_read, their_traffic) = expect(self.ctl, "its counters", |m| match m {
+            Msg::Counters {
+                deltas,
+                read,
+                members,
+            } => Some((deltas, read, members)),
             _ => None,
         })?;
         let ends: Vec<End<'_>> = if self.loopback {
-            vec![("here", deltas, after.len(), l)]
+            vec![("here", deltas, after.len(), traffic, l)]
         } else {
             vec![
-                ("here", deltas, after.len(), l),
-                ("on the peer", theirs, their_read, r),
+                ("here", deltas, after.len(), traffic, l),
+                ("on the peer", theirs, their_read, their_traffic, r),
             ]
         };
-        for (whose, deltas, read, device) in ends {
+        for (whose, deltas, read, traffic, device) in ends {
+            if !traffic.is_empty() {
+                let (severity, what) = judge_traffic(whose, &traffic);
+                let f = self.finding(severity, "pair.member_traffic", what);
+                if severity == Severity::Warn {
+                    f.fix = Some(
+                        "see port.state and plugin.devices on that node: a member down or left out of the fusion carries nothing".to_owned(),
+                    );
+                }
+            }
             if read == 0 {
                 self.finding(
                     Severity::Unknown,

@@ -22,6 +22,7 @@ use crate::card::{CardDevice, NodeCard, agreement};
 mod bandwidth;
 mod control;
 mod counters;
+mod traffic;
 
 use control::{Control, Msg, expect, hex, unhex};
 use counters::read_counters;
@@ -165,6 +166,36 @@ pub(crate) fn loopback(
     Ok(outcome)
 }
 
+/// The plugin's device for `card`, as NCCL would get it: the device of that name (a port, a
+/// fusion the plugin made itself under ncclNet v8, an `NCCL_NET_RS_FUSE` group), else, from
+/// ncclNet v9 on, where NCCL fuses ports itself, `makeVDevice` of its members.
+fn plugin_device(net: &Driver, card: &CardDevice) -> Result<i32, String> {
+    let count = net
+        .devices()
+        .map_err(|rc| with_cause(format!("devices() failed (ncclResult {rc})")))?;
+    let names: Vec<String> = (0..count)
+        .map(|d| net.device(d).map(|info| info.name).unwrap_or_default())
+        .collect();
+    let index = |name: &str| names.iter().position(|n| n == name).map(|i| i as i32);
+    if let Some(dev) = index(&card.name) {
+        return Ok(dev);
+    }
+    let members: Option<Vec<i32>> = card.members.iter().map(|m| index(&m.name)).collect();
+    match members {
+        Some(members) if members.len() > 1 => net.make_vdevice(&members).map_err(|rc| {
+            with_cause(format!(
+                "makeVDevice of {} failed (ncclResult {rc})",
+                card.name
+            ))
+        }),
+        _ => Err(format!(
+            "the plugin has no device {} (it lists {})",
+            card.name,
+            names.join(", ")
+        )),
+    }
+}
+
 fn load_driver(o: &PairOptions) -> Result<Driver, String> {
     // The doctor prints the plugin's warnings itself, as the cause of a failed check.
     driver::echo_warnings(false);
@@ -269,11 +300,19 @@ fn run(
             );
             continue;
         }
+        let dev = match plugin_device(net, l) {
+            Ok(dev) => dev,
+            Err(why) => {
+                out.findings.push(fail("pair.devices", why.clone()));
+                let _ = ctl.send(&Msg::Abort { why });
+                break;
+            }
+        };
         let mut rail_run = Rail {
             ctl: &mut ctl,
             net,
             side,
-            dev: i32::try_from(rail).unwrap_or(i32::MAX),
+            dev,
             entity,
             o,
             findings: Vec::new(),
