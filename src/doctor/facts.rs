@@ -648,6 +648,14 @@ impl NodeFacts {
     }
 }
 
+/// `NCCL_IB_HCA` as a filter; `None` when unset or unparsable (env.config reports the latter).
+pub(super) fn hca_filter(config: &Config) -> Option<HcaFilter> {
+    config
+        .ib_hca
+        .as_deref()
+        .and_then(|v| HcaFilter::parse(v).ok())
+}
+
 /// The RDMA devices in sysfs (with their ports) that have at least one port `filter` allows:
 /// those the plugin would open.
 pub(super) fn candidate_devices(
@@ -693,11 +701,7 @@ fn dev_nodes(roots: &Roots, config: &Config) -> Vec<DevNode> {
                 .collect()
         })
         .unwrap_or_default();
-    let filter = config
-        .ib_hca
-        .as_deref()
-        .and_then(|v| HcaFilter::parse(v).ok());
-    candidate_devices(roots, filter.as_ref())
+    candidate_devices(roots, hca_filter(config).as_ref())
         .into_iter()
         .map(|(device, _)| {
             let node = nodes

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::facts::{
-    KernelRecord, NodeFacts, Opened, Origin, PluginEntry, Setting, candidate_devices,
+    KernelRecord, NodeFacts, Opened, Origin, PluginEntry, Setting, candidate_devices, hca_filter,
 };
 use super::finding::{Finding, Severity};
 use super::pcie::{PcieLink, acs_control, acs_redirects, relaxed_ordering_enabled};
@@ -16,9 +16,9 @@ use crate::core::config::{AddrFamily, MAX_FUSED_MEMBERS, NOT_IMPLEMENTED};
 use crate::driver::Exports;
 use crate::plugin::{PLUGIN_NAME, fusion_policy};
 use crate::topology::{
-    DmaBuf, GidEntry, GidPolicy, HcaFilter, HcaPort, LinkLayer, NetDevice, PORT_ACTIVE, PciAddress,
-    PeerMem, choose_gid, dmabuf_both_sides, fuse, mtu_bytes, phys_state_name, pkey_at,
-    port_state_name, select_devices,
+    DmaBuf, GidEntry, GidPolicy, HcaPort, LinkLayer, NetDevice, PORT_ACTIVE, PciAddress, PeerMem,
+    choose_gid, dmabuf_both_sides, fuse, mtu_bytes, phys_state_name, pkey_at, port_state_name,
+    select_devices,
 };
 
 mod access;
@@ -146,12 +146,12 @@ pub fn node_checks(facts: &NodeFacts) -> Vec<Finding> {
     checks.iter().flat_map(|check| check(facts)).collect()
 }
 
-/// A fused device short of members: the fusion made as if every port were up, with members
-/// down now and members up.
+/// A fused device short of members: the fusion made as if every port were up, with its
+/// members down now (as verbs reports them) and its members up.
 struct DegradedDevice {
     /// The device's name with every member (`a+b`).
     name: String,
-    down: Vec<NetDevice>,
+    down: Vec<HcaPort>,
     up: Vec<NetDevice>,
 }
 
@@ -161,11 +161,11 @@ fn degraded_devices(facts: &NodeFacts) -> Vec<DegradedDevice> {
     let Ok(discovery) = &facts.survey.discovery else {
         return Vec::new();
     };
-    let is_down = |m: &NetDevice| {
+    let down_port = |m: &NetDevice| {
         discovery
             .ports
             .iter()
-            .any(|p| p.device == m.device && p.port == m.port && p.state != PORT_ACTIVE)
+            .find(|p| p.device == m.device && p.port == m.port && p.state != PORT_ACTIVE)
     };
     let all_up: Vec<HcaPort> = discovery
         .ports
@@ -175,20 +175,27 @@ fn degraded_devices(facts: &NodeFacts) -> Vec<DegradedDevice> {
             ..p.clone()
         })
         .collect();
-    let filter = facts
-        .config
-        .ib_hca
-        .as_deref()
-        .and_then(|v| HcaFilter::parse(v).ok());
-    let selection = select_devices(&all_up, filter.as_ref(), &facts.roots.sysfs());
+    let selection = select_devices(
+        &all_up,
+        hca_filter(&facts.config).as_ref(),
+        &facts.roots.sysfs(),
+    );
     let policy = fusion_policy(&facts.config, MAX_FUSED_MEMBERS);
     fuse(selection.devices, &policy)
         .devices
         .into_iter()
         .filter_map(|virt| {
             let name = virt.name();
-            let (down, up): (Vec<NetDevice>, Vec<NetDevice>) =
-                virt.members.into_iter().partition(is_down);
+            let down: Vec<HcaPort> = virt
+                .members
+                .iter()
+                .filter_map(|m| down_port(m).cloned())
+                .collect();
+            let up: Vec<NetDevice> = virt
+                .members
+                .into_iter()
+                .filter(|m| down_port(m).is_none())
+                .collect();
             (!down.is_empty() && !up.is_empty()).then_some(DegradedDevice { name, down, up })
         })
         .collect()

@@ -437,38 +437,24 @@ pub(super) fn plugin_devices(facts: &NodeFacts) -> Vec<Finding> {
 /// A WARN for each fused device that runs on fewer members than it has (see
 /// [`degraded_devices`]).
 fn degraded(facts: &NodeFacts) -> Vec<Finding> {
-    let Ok(discovery) = &facts.survey.discovery else {
-        return Vec::new();
-    };
     degraded_devices(facts)
         .iter()
         .map(|d| {
-            let names = |ms: &[NetDevice]| {
-                ms.iter()
-                    .map(|m| format!("{}:{}", m.device, m.port))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            let left: u64 = d.up.iter().map(|m| u64::from(m.speed_mbps)).sum();
+            let up: Vec<String> = d.up.iter().map(|m| format!("{}:{}", m.device, m.port)).collect();
+            let down: Vec<String> = d.down.iter().map(|p| format!("{}:{}", p.device, p.port)).collect();
             let states: Vec<String> = d
                 .down
                 .iter()
-                .filter_map(|m| {
-                    discovery
-                        .ports
-                        .iter()
-                        .find(|p| p.device == m.device && p.port == m.port)
-                })
-                .map(|p| {
+                .zip(&down)
+                .map(|(p, name)| {
                     format!(
-                        "{}:{} is {} (phys {})",
-                        p.device,
-                        p.port,
+                        "{name} is {} (phys {})",
                         port_state_name(p.state),
                         phys_state_name(p.phys_state)
                     )
                 })
                 .collect();
+            let left: u64 = d.up.iter().map(|m| u64::from(m.speed_mbps)).sum();
             Finding::new(
                 Severity::Warn,
                 "plugin.devices",
@@ -478,13 +464,13 @@ fn degraded(facts: &NodeFacts) -> Vec<Finding> {
                     states.join(", "),
                     d.up.len(),
                     d.up.len() + d.down.len(),
-                    names(&d.up),
+                    up.join(", "),
                     gbps(left)
                 ),
             )
             .fix(format!(
                 "bring {} back (see port.state); a job started now runs on the members left, and uses every member only once restarted",
-                names(&d.down)
+                down.join(", ")
             ))
         })
         .collect()

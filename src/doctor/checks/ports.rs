@@ -38,11 +38,7 @@ pub(super) fn port_state(facts: &NodeFacts) -> Vec<Finding> {
     let Ok(discovery) = &facts.survey.discovery else {
         return nothing_to_check(CHECK, facts).unwrap_or_default();
     };
-    let filter = facts
-        .config
-        .ib_hca
-        .as_deref()
-        .and_then(|v| HcaFilter::parse(v).ok());
+    let filter = hca_filter(&facts.config);
     let usable = facts.survey.selection.is_ok();
     let degraded = degraded_devices(facts);
     let sysfs = facts.roots.sysfs();
