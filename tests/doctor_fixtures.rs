@@ -1410,7 +1410,7 @@ fn configuration_with_origins_as_nccl_builds_it() {
 fn options_of_nccls_ib_transport_that_do_nothing_here_are_named() {
     let mut node = healthy("env-nccl-ib");
     node.write("etc/nccl.conf", "NCCL_IB_OOO_RQ=1\nNCCL_IB_USE_INLINE=\n");
-    node.env("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1");
+    node.env("NCCL_IB_SUBNET_AWARE_ROUTING", "1");
     let findings = node.check("env.config");
     has(
         &findings,
@@ -1422,14 +1422,14 @@ fn options_of_nccls_ib_transport_that_do_nothing_here_are_named() {
     has(
         &findings,
         Severity::Warn,
-        "NCCL_IB_RESILIENCY_PORT_FAILOVER",
-        "NCCL_IB_RESILIENCY_PORT_FAILOVER=1 (environment) has no effect",
+        "NCCL_IB_SUBNET_AWARE_ROUTING",
+        "NCCL_IB_SUBNET_AWARE_ROUTING=1 (environment) has no effect",
     );
     has(
         &findings,
         Severity::Warn,
-        "NCCL_IB_RESILIENCY_PORT_FAILOVER",
-        "fix: unset NCCL_IB_RESILIENCY_PORT_FAILOVER where this plugin carries the traffic",
+        "NCCL_IB_SUBNET_AWARE_ROUTING",
+        "fix: unset NCCL_IB_SUBNET_AWARE_ROUTING where this plugin carries the traffic",
     );
     let warned: Vec<&str> = findings
         .iter()
@@ -1438,7 +1438,7 @@ fn options_of_nccls_ib_transport_that_do_nothing_here_are_named() {
         .collect();
     assert_eq!(
         warned,
-        ["NCCL_IB_OOO_RQ", "NCCL_IB_RESILIENCY_PORT_FAILOVER"],
+        ["NCCL_IB_OOO_RQ", "NCCL_IB_SUBNET_AWARE_ROUTING"],
         "an empty value is unset, as the plugin reads it"
     );
     assert!(

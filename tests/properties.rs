@@ -134,6 +134,7 @@ proptest! {
             eager_bytes: seed,
             revision: DATA_PATH_REVISION,
             quiet: split,
+            failover: !split,
         };
         prop_assert_eq!(Hello::parse(&h.emit()).unwrap(), h);
     }

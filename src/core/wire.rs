@@ -240,10 +240,17 @@ pub struct Hello {
     /// Carried in `QUIET_AT`, a byte older builds leave zero and ignore, so they connect with
     /// the rules they know.
     pub quiet: bool,
+    /// Capability: this side moves lanes off a failed member port and back
+    /// (`NCCL_IB_RESILIENCY_PORT_FAILOVER`, see `super::repair`): after the handshake its
+    /// out-of-band connection carries failover frames. Carried in `FAILOVER_AT`, a byte older
+    /// builds leave zero and ignore.
+    pub failover: bool,
 }
 
 /// Where the quiet-receives capability lies: byte 6 of the first member record (unused there).
 const QUIET_AT: usize = HELLO_MEMBERS_AT + 6;
+/// Where the failover capability lies: byte 7 of the first member record (unused there).
+const FAILOVER_AT: usize = HELLO_MEMBERS_AT + 7;
 
 const HELLO_QPNS_AT: usize = 40;
 const HELLO_MEMBERS_AT: usize = HELLO_QPNS_AT + 4 * MAX_CONNECTION_QPS;
@@ -281,6 +288,7 @@ impl Hello {
             m.emit(&mut out[at..at + Endpoint::LEN]);
         }
         out[QUIET_AT] = u8::from(self.quiet);
+        out[FAILOVER_AT] = u8::from(self.failover);
         out
     }
 
@@ -346,6 +354,7 @@ impl Hello {
             eager_bytes,
             revision,
             quiet: b[QUIET_AT] & 1 != 0,
+            failover: b[FAILOVER_AT] & 1 != 0,
         })
     }
 
@@ -534,6 +543,7 @@ mod tests {
             eager_bytes: 4096,
             revision: DATA_PATH_REVISION,
             quiet: true,
+            failover: true,
         }
     }
 
@@ -564,6 +574,18 @@ mod tests {
         assert_eq!(b[QUIET_AT], 1);
         b[QUIET_AT] = 0;
         h.quiet = false;
+        assert_eq!(Hello::parse(&b).unwrap(), h);
+    }
+
+    /// A build before port failover leaves the capability's byte zero (and ignores ours): its
+    /// hello parses as one without failover, everything else the same.
+    #[test]
+    fn a_hello_without_the_failover_capability_is_an_older_peer() {
+        let mut h = hello(Role::Accept, 0x100);
+        let mut b = h.emit();
+        assert_eq!(b[FAILOVER_AT], 1);
+        b[FAILOVER_AT] = 0;
+        h.failover = false;
         assert_eq!(Hello::parse(&b).unwrap(), h);
     }
 

@@ -5,6 +5,9 @@
 use std::net::{Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
+use parking_lot::RwLock;
+
+use super::held::PostQueue;
 use super::watch::Watched;
 use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
@@ -153,28 +156,58 @@ impl Failure {
     }
 }
 
+/// One lane of a connection (a QP index): its QP, the queue its posts go through, and the
+/// member port it lives on. Failover replaces a broken lane's QP with one on another member.
+#[derive(Debug)]
+pub(super) struct Lane {
+    pub(super) qp: Arc<QueuePair>,
+    /// Its posts: at once, or held for a batch with `NCCL_NET_RS_BATCH` (see `held`).
+    pub(super) queue: PostQueue,
+    /// The local member the QP lives on.
+    pub(super) member: usize,
+    /// The peer's member it connects to.
+    pub(super) remote: usize,
+}
+
+impl Lane {
+    fn new(qp: QueuePair, (member, remote): (usize, usize), holds: bool) -> Self {
+        let qp = Arc::new(qp);
+        Self {
+            queue: PostQueue::new(Arc::clone(&qp), holds),
+            qp,
+            member,
+            remote,
+        }
+    }
+}
+
 /// The QPs of one connection, striped over the device's member ports, with one CQ per member.
 #[derive(Debug)]
 pub(super) struct QpSet {
     pub(super) cqs: Vec<Arc<CompletionQueue>>,
-    /// Shared with the comm's post queues (see `held`).
-    pub(super) qps: Vec<Arc<QueuePair>>,
+    /// Per lane, its QP. A lane is replaced only under the comm's state lock; the lock here
+    /// lets the data path read it without holding that lock's borrow.
+    pub(super) lanes: Vec<RwLock<Lane>>,
     /// The members' GIDs this connection uses, in its hello and its QPs alike (taken once:
     /// see [`PortContext::current_gid`]).
     pub(super) gids: Vec<GidEntry>,
+    caps: QpCaps,
+    access: Access,
 }
 
 impl QpSet {
     /// Create `n` QPs in INIT with `access` rights for the peer, QP `i` on member
-    /// `i % members` (which uses `gids[i % members]`), plus room in each CQ for `extra` more
-    /// work requests (a flush QP).
+    /// `i % members` (which uses `gids[i % members]`) towards the peer's member
+    /// `i % remote_members`, plus room in each CQ for `extra` more
+    /// work requests (a flush QP). With `movable`, each CQ has room for every lane, as
+    /// failover may move any lane to any member. `holds`: the lanes' queues may hold posts.
     pub(super) fn new(
         ctx: &DeviceContext,
         gids: Vec<GidEntry>,
-        n: usize,
-        caps: QpCaps,
-        access: Access,
+        (n, remote_members): (usize, usize),
+        (caps, access): (QpCaps, Access),
         extra: u32,
+        (holds, movable): (bool, bool),
     ) -> Result<Self> {
         let members = ctx.ports.len();
         let per_qp = caps.max_send_wr + caps.max_recv_wr;
@@ -183,19 +216,69 @@ impl QpSet {
             .iter()
             .enumerate()
             .map(|(m, port)| {
-                let qps_here = (m..n).step_by(members).count() as u32;
+                let qps_here = if movable {
+                    n as u32
+                } else {
+                    (m..n).step_by(members).count() as u32
+                };
                 CompletionQueue::new(&port.device, per_qp * qps_here + extra + 16)
             })
             .collect::<Result<Vec<_>>>()?;
-        let qps = (0..n)
-            .map(|i| {
-                let port = &ctx.ports[i % members];
-                let qp = QueuePair::new(&port.pd, &cqs[i % members], caps)?;
-                qp.to_init(port.port_num(), port.pkey_index, access)?;
-                Ok(Arc::new(qp))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self { cqs, qps, gids })
+        let mut set = Self {
+            cqs,
+            lanes: Vec::with_capacity(n),
+            gids,
+            caps,
+            access,
+        };
+        for i in 0..n {
+            let qp = set.create(ctx, i % members)?;
+            let route = (i % members, i % remote_members.max(1));
+            set.lanes.push(RwLock::new(Lane::new(qp, route, holds)));
+        }
+        Ok(set)
+    }
+
+    /// A new QP in INIT on `member`, as the connection's others.
+    pub(super) fn create(&self, ctx: &DeviceContext, member: usize) -> Result<QueuePair> {
+        let port = &ctx.ports[member];
+        let qp = QueuePair::new(&port.pd, &self.cqs[member], self.caps)?;
+        qp.to_init(port.port_num(), port.pkey_index, self.access)?;
+        Ok(qp)
+    }
+
+    /// Lane `lane` from now on: `qp` on `member`, towards the peer's `remote`; the old QP is handed back (to be dropped
+    /// once drained).
+    pub(super) fn replace(
+        &self,
+        lane: usize,
+        qp: QueuePair,
+        (member, remote): (usize, usize),
+        holds: bool,
+    ) -> Arc<QueuePair> {
+        let mut slot = self.lanes[lane].write();
+        let old = std::mem::replace(&mut *slot, Lane::new(qp, (member, remote), holds));
+        old.qp
+    }
+
+    /// Lane `lane`'s QP.
+    pub(super) fn qp(&self, lane: usize) -> Arc<QueuePair> {
+        Arc::clone(&self.lanes[lane].read().qp)
+    }
+
+    /// Lane `lane`'s QP number.
+    pub(super) fn qpn(&self, lane: usize) -> u32 {
+        self.lanes[lane].read().qp.qpn()
+    }
+
+    /// Lanes of the connection.
+    pub(super) fn len(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Post what every lane's queue holds.
+    pub(super) fn flush_queues(&self) -> Result<()> {
+        self.lanes.iter().try_for_each(|l| l.read().queue.flush())
     }
 
     /// Hand every completion in every CQ, with the member whose CQ it came from, to `each`,
@@ -214,7 +297,7 @@ impl QpSet {
     /// connection asked for and what the device reports for the first QP's path (RoCE carries
     /// no service level, so it is not read back), for the connection's debug line.
     pub(super) fn describe_qos(&self, traffic: Traffic) -> String {
-        let reported = match self.qps.first().map(|qp| qp.qos()) {
+        let reported = match self.lanes.first().map(|l| l.read().qp.qos()) {
             Some(Ok((class, _))) => format!("traffic class {class}"),
             Some(Err(e)) => format!("nothing ({e})"),
             None => "nothing (no QPs)".to_owned(),
@@ -228,15 +311,10 @@ impl QpSet {
     /// QP index of the QP numbered `qpn` on `member` (QP numbers are unique per device only,
     /// so two members may both have a QP 0x11).
     pub(super) fn index_of(&self, member: usize, qpn: u32) -> Option<usize> {
-        // A plain walk: `step_by` on a range divides to size itself, on every completion.
-        let mut i = member;
-        while let Some(qp) = self.qps.get(i) {
-            if qp.qpn() == qpn {
-                return Some(i);
-            }
-            i += self.cqs.len().max(1);
-        }
-        None
+        self.lanes.iter().position(|l| {
+            let l = l.read();
+            l.member == member && l.qp.qpn() == qpn
+        })
     }
 
     /// Bring every QP to RTS towards the peer's QPs, pairwise: QP `i` on local member
@@ -247,20 +325,32 @@ impl QpSet {
         remote: &Hello,
         traffic: Traffic,
     ) -> Result<()> {
-        for (i, (qp, &qpn)) in self.qps.iter().zip(&remote.qpns).enumerate() {
-            let member = i % ctx.ports.len();
+        for (i, &qpn) in remote.qpns.iter().enumerate().take(self.lanes.len()) {
+            let lane = self.lanes[i].read();
             let peer = &remote.members[i % remote.members.len()];
-            let path = path_params(
-                &ctx.ports[member],
-                &self.gids[member],
-                &ctx.config,
-                peer,
-                traffic,
-            );
-            qp.to_rtr(&RemoteEndpoint { qpn, gid: peer.gid }, &path)?;
-            qp.to_rts(&path)?;
+            self.connect_qp(ctx, &lane.qp, lane.member, (peer, qpn), traffic)?;
         }
         Ok(())
+    }
+
+    /// Bring `qp` on `member` to RTS towards the peer's QP `qpn` on its member `peer`.
+    pub(super) fn connect_qp(
+        &self,
+        ctx: &DeviceContext,
+        qp: &QueuePair,
+        member: usize,
+        (peer, qpn): (&Endpoint, u32),
+        traffic: Traffic,
+    ) -> Result<()> {
+        let path = path_params(
+            &ctx.ports[member],
+            &self.gids[member],
+            &ctx.config,
+            peer,
+            traffic,
+        );
+        qp.to_rtr(&RemoteEndpoint { qpn, gid: peer.gid }, &path)?;
+        qp.to_rts(&path)
     }
 }
 
@@ -308,7 +398,7 @@ pub(super) fn local_hello(
         role,
         listen_nonce: nonces.listen,
         connect_nonce: nonces.connect,
-        qpns: qps.qps.iter().map(|qp| qp.qpn()).collect(),
+        qpns: (0..qps.len()).map(|i| qps.qpn(i)).collect(),
         members: ctx
             .ports
             .iter()
@@ -322,7 +412,15 @@ pub(super) fn local_hello(
         eager_bytes: 0,
         revision: DATA_PATH_REVISION,
         quiet: ctx.config.quiet,
+        failover: ctx.config.port_failover,
     }
+}
+
+/// Whether a connection with `eager_bytes` agreed moves lanes off failed members: when both
+/// sides offer it and the connection has no eager path (which fused devices never have, see
+/// [`agreed_eager_bytes`]; its bounce ring and answers are not repaired yet).
+pub(super) fn failover_agreed(config: &Config, eager_bytes: u64, peer: &Hello) -> bool {
+    config.port_failover && peer.failover && eager_bytes == 0
 }
 
 fn describe_gid(gid: &[u8; 16], index: u32, version: u8) -> String {

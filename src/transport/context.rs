@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -13,6 +13,7 @@ use super::mr::MrCache;
 use super::watch::DeviceHealth;
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
+use crate::plugin::PLUGIN_NAME;
 use crate::topology::{
     GidEntry, GidPolicy, LinkLayer, NetDevice, PORT_ACTIVE, SysfsRoot, VirtualDevice, choose_gid,
     configured_pkey, port_state_name, select_ib_gid,
@@ -26,6 +27,9 @@ pub struct DeviceContext {
     pub ports: Vec<Arc<PortContext>>,
     /// The configuration in force.
     pub config: Config,
+    /// Per member, the port-event count its last failover line was logged for: one line per
+    /// event and device, however many comms see it.
+    logged: Vec<AtomicU64>,
 }
 
 impl DeviceContext {
@@ -50,6 +54,7 @@ impl DeviceContext {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Arc::new(Self {
+            logged: ports.iter().map(|_| AtomicU64::new(u64::MAX)).collect(),
             ports,
             config: config.clone(),
         }))
@@ -62,6 +67,54 @@ impl DeviceContext {
     #[inline]
     pub fn check_health(&self) -> Result<()> {
         self.ports.iter().try_for_each(|p| p.health.check())
+    }
+
+    /// `"rxe1+rxe3"`: the members' names.
+    pub fn name(&self) -> String {
+        let names: Vec<&str> = self.ports.iter().map(|p| p.name()).collect();
+        names.join("+")
+    }
+
+    /// Log, once per port event and device, that member `m` went down (a WARN naming the
+    /// members that carry its connections) or is back (INFO).
+    pub(super) fn note_member(&self, m: usize, down: bool, events: u64) {
+        let Some(logged) = self.logged.get(m) else {
+            return;
+        };
+        if logged.swap(events, Ordering::AcqRel) == events {
+            return;
+        }
+        let port = |p: &PortContext| format!("{}:{}", p.name(), p.port_num());
+        let member = port(&self.ports[m]);
+        if !down {
+            tracing::info!(
+                "NET/{PLUGIN_NAME}: {}: member {member} is active again: its connections use it again",
+                self.name()
+            );
+            return;
+        }
+        let others: Vec<String> = self
+            .ports
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| *i != m && !p.health.port_down(p.port_num()))
+            .map(|(_, p)| port(p))
+            .collect();
+        if others.is_empty() {
+            tracing::warn!(
+                "NET/{PLUGIN_NAME}: {}: member {member} went down (port event) and no member is \
+                 left: its connections wait for one to come back, up to the retry budget \
+                 (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT)",
+                self.name()
+            );
+        } else {
+            tracing::warn!(
+                "NET/{PLUGIN_NAME}: {}: member {member} went down (port event): its connections \
+                 carry on over {}",
+                self.name(),
+                others.join(", ")
+            );
+        }
     }
 
     /// `"rxe2:1 is DOWN"` for every member port that is not ACTIVE now (one query each: for
@@ -142,6 +195,11 @@ pub struct PortContext {
 }
 
 impl PortContext {
+    /// Whether the device's latest event for this port said it went down.
+    pub(super) fn is_down(&self) -> bool {
+        self.health.port_down(self.port_num())
+    }
+
     /// Open `net` for connections.
     ///
     /// # Errors
@@ -187,8 +245,7 @@ impl PortContext {
         };
         let line = format!(
             "NET/{}: {where_} uses {gid}{gid_says}{pkey}, MTU code {}, out-of-band address {oob_ip}{grh}",
-            crate::plugin::PLUGIN_NAME,
-            port.active_mtu
+            PLUGIN_NAME, port.active_mtu
         );
         // A range the user named and no GID inside it: likely unreachable from the peers.
         if outside_range {
@@ -234,7 +291,7 @@ impl PortContext {
                         target: crate::log::INIT_TARGET,
                         "NET/{}: {where_}: after the GID table changed, connections use {entry} \
                          (was {})",
-                        crate::plugin::PLUGIN_NAME,
+                        PLUGIN_NAME,
                         chosen.entry
                     );
                     chosen.entry = entry;
@@ -242,7 +299,7 @@ impl PortContext {
                 Err(e) => tracing::warn!(
                     "NET/{}: {where_}: after the GID table changed, no GID is usable ({e}); \
                      connections keep {}",
-                    crate::plugin::PLUGIN_NAME,
+                    PLUGIN_NAME,
                     chosen.entry
                 ),
             }

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, const_mutex};
 
-use super::conn::Failure;
+use super::conn::{Failure, QpSet};
 use crate::core::error::Result;
 use crate::verbs::{QueuePair, SendChain, WorkRequest};
 
@@ -222,21 +222,33 @@ impl Drop for PostQueue {
 /// Post what every queue of the process holds (a call other than an `irecv` begins). Costs
 /// one atomic load when nothing is held.
 pub fn flush_all() {
-    flush_all_but(&[]);
-}
-
-/// As [`flush_all`], but leave what `keep` holds (an `irecv` on the comm that owns them).
-pub(super) fn flush_all_but(keep: &[PostQueue]) {
     if HOLDING.load(Ordering::Acquire) == 0 {
         return;
     }
-    flush_registered(keep);
+    flush_registered(None);
+}
+
+/// As [`flush_all`], but leave what the lanes of `keep` hold (an `irecv` on the comm that owns
+/// them).
+pub(super) fn flush_all_but(keep: &QpSet) {
+    if HOLDING.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    flush_registered(Some(keep));
 }
 
 #[cold]
-fn flush_registered(keep: &[PostQueue]) {
+fn flush_registered(keep: Option<&QpSet>) {
     let queues = QUEUES.lock();
-    let kept = |q: &Arc<Queue>| keep.iter().any(|k| Arc::ptr_eq(&k.queue, q));
+    // A lane being replaced (its lock taken) belongs to the calling comm's own call, which is
+    // not this one: counted as kept, it is posted by the next walk.
+    let kept = |q: &Arc<Queue>| {
+        keep.is_some_and(|set| {
+            set.lanes
+                .iter()
+                .any(|l| l.try_read().is_none_or(|l| Arc::ptr_eq(&l.queue.queue, q)))
+        })
+    };
     for q in queues
         .iter()
         .filter(|q| q.holding.load(Ordering::Acquire) && !kept(q))

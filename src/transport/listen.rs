@@ -231,7 +231,8 @@ impl ListenComm {
                     Ok(Some(_)) => {
                         let mut comm = comm;
                         let peer = stream.peer;
-                        match Watched::new(stream.into_stream(), peer) {
+                        let framed = comm.state.get_mut().failover.is_some();
+                        match Watched::new(stream.into_stream(), peer, framed) {
                             Ok(link) => {
                                 comm.link = Some(link);
                                 Step::Accepted(comm)

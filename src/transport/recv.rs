@@ -12,9 +12,10 @@ use super::conn::{
     CREDIT_OFFSET, CREDIT_STAGING, CTS_RING_BYTES, CTS_SIGNAL_EVERY, CTS_STAGING_REGION_BYTES,
     Failure, Nonces, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS, WR_DRAIN,
     WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, check_alive, check_peer,
-    completion_error, describe_eager, describe_local, describe_remote, local_hello, path_params,
-    quiet_receives,
+    completion_error, describe_eager, describe_local, describe_remote, failover_agreed,
+    local_hello, path_params, quiet_receives,
 };
+use super::failover::{Failover, log_failover};
 use super::held::{self, PostQueue};
 use super::mr::MrHandle;
 use super::profile::{Events, Parent, QpEvent};
@@ -27,6 +28,7 @@ use crate::core::group::Group;
 use crate::core::proto::{
     Arrived, CtsLayout, CtsPost, EagerCopy, EagerHeader, Layout, RecvBuf, RecvDone, RecvSide, SLOTS,
 };
+use crate::core::repair::LeadRepair;
 use crate::core::wire::{Cts, Hello, Role};
 use crate::topology::GidEntry;
 use crate::verbs::{
@@ -96,11 +98,11 @@ enum FlushSlot {
 }
 
 #[derive(Debug)]
-struct RecvState {
-    proto: RecvSide,
-    failed: Failure,
+pub(super) struct RecvState {
+    pub(super) proto: RecvSide,
+    pub(super) failed: Failure,
     completed_any: bool,
-    cts_posted: u64,
+    pub(super) cts_posted: u64,
     flushes: Vec<FlushSlot>,
     /// How long quiet receives have waited without an eager arrival; `None` while none waits.
     quiet_wait: Option<QuietWait>,
@@ -108,6 +110,8 @@ struct RecvState {
     client: ClientProgress,
     /// The profiler's QP events, when one is installed.
     events: Option<Events>,
+    /// Port failover, when both sides agreed on it.
+    pub(super) failover: Option<Box<Failover<LeadRepair>>>,
 }
 
 /// The wait of quiet receives since the latest eager arrival. The clock is read only every
@@ -158,27 +162,28 @@ impl QuietWait {
 /// A connected receive comm.
 #[derive(Debug)]
 pub struct RecvComm {
-    ctx: Arc<DeviceContext>,
-    qps: QpSet,
-    /// Per QP, the answers written on it: held for a batch with `NCCL_NET_RS_BATCH` (see
-    /// `held`).
-    answers: Vec<PostQueue>,
+    pub(super) ctx: Arc<DeviceContext>,
+    /// Its lanes' QPs, and the answers written on each: held for a batch with
+    /// `NCCL_NET_RS_BATCH` (see `held`).
+    pub(super) qps: QpSet,
+    /// What its QPs use (a lane's new QP too).
+    pub(super) traffic: Traffic,
     /// One loopback QP per member; empty when flushing is disabled.
     flush: Vec<FlushQp>,
     /// The answers as they go out: the ring's layout, twice (see
     /// [`CTS_STAGING_BYTES`](super::conn::CTS_STAGING_BYTES)).
-    cts_staging: HostRegion,
+    pub(super) cts_staging: HostRegion,
     /// Where the sender reads the entries (the ring's layout).
     cts_layout: CtsLayout,
     /// The sizes ring, followed by the eager bounce ring when the connection uses one.
     sizes_ring: HostRegion,
     remote_ring_addr: u64,
-    remote_ring_rkeys: Vec<u32>,
+    pub(super) remote_ring_rkeys: Vec<u32>,
     local: String,
-    remote: String,
+    pub(super) remote: String,
     /// The out-of-band connection, watched for the sender's end; set when the handshake ends.
     pub(super) link: Option<Watched>,
-    state: Mutex<RecvState>,
+    pub(super) state: Mutex<RecvState>,
 }
 
 impl RecvComm {
@@ -202,10 +207,10 @@ impl RecvComm {
         let qps = QpSet::new(
             ctx,
             gids,
-            remote.qpns.len(),
-            RECV_QP_CAPS,
-            Access::REMOTE_WRITE.with(Access::REMOTE_READ),
+            (remote.qpns.len(), remote.members.len()),
+            (RECV_QP_CAPS, Access::REMOTE_WRITE.with(Access::REMOTE_READ)),
             flush_wrs,
+            (ctx.config.batch, ctx.config.port_failover),
         )?;
         // The sender chose traffic class and service level; the CTS direction uses the same,
         // unless NCCL_IB_FIFO_TC gives it a RoCE class of its own (`check_peer` made the
@@ -216,12 +221,11 @@ impl RecvComm {
         };
         let traffic = ctx.config.receiver_traffic(chosen, ctx.ports[0].is_roce());
         qps.connect(ctx, remote, traffic)?;
-        let eager_bytes =
-            agreed_eager_bytes(&ctx.config, qps.qps.len(), u64::from(remote.eager_bytes));
+        let eager_bytes = agreed_eager_bytes(&ctx.config, qps.len(), u64::from(remote.eager_bytes));
         if eager_bytes > 0 {
             // Eager messages arrive unannounced: keep a receive posted for every slot.
             for _ in 0..SLOTS {
-                qps.qps[0].post_recv(WR_RECV)?;
+                qps.qp(0).post_recv(WR_RECV)?;
             }
         }
         let pds = ctx.pds();
@@ -256,7 +260,7 @@ impl RecvComm {
         );
         hello.eager_bytes = u32::try_from(eager_bytes).unwrap_or(0);
         let layout = Layout {
-            nqps: qps.qps.len(),
+            nqps: qps.len(),
             split: remote.split_data,
             local_members: ctx.ports.len(),
             remote_members: remote.members.len(),
@@ -274,15 +278,13 @@ impl RecvComm {
             layout.nqps,
             describe_eager(eager_bytes, layout.quiet)
         );
-        let answers = qps
-            .qps
-            .iter()
-            .map(|qp| PostQueue::new(Arc::clone(qp), ctx.config.batch))
-            .collect();
+        let failover = failover_agreed(&ctx.config, eager_bytes, remote)
+            .then(|| Box::new(Failover::lead(ctx, layout, remote.members.clone())));
+        log_failover(ctx, failover.is_some(), remote, &remote_desc);
         let comm = Self {
             ctx: Arc::clone(ctx),
             qps,
-            answers,
+            traffic,
             flush,
             cts_staging,
             cts_layout: CtsLayout::with_peer(remote.revision),
@@ -301,6 +303,7 @@ impl RecvComm {
                 quiet_wait: None,
                 client: ClientProgress::default(),
                 events: Events::new(SLOTS),
+                failover,
             }),
         };
         Ok((comm, hello))
@@ -326,21 +329,24 @@ impl RecvComm {
         if st.cts_posted == 0 || st.failed.check().is_err() || !sender_alive() {
             return;
         }
-        let layout = st.proto.layout();
         let mut waiting = 0;
-        for (q, queue) in self.answers.iter().enumerate() {
+        for (q, lane) in self.qps.lanes.iter().enumerate() {
+            if st.failover.as_deref().is_some_and(|f| !f.is_up(q)) {
+                continue;
+            }
+            let lane = lane.read();
             let wr = WorkRequest {
                 wr_id: WR_DRAIN,
                 op: Op::Write,
                 local: Sge::default(),
                 tail: Sge::default(),
                 remote_addr: self.remote_ring_addr,
-                rkey: self.remote_ring_rkeys[layout.remote_member(q)],
+                rkey: self.remote_ring_rkeys[lane.remote],
                 signaled: true,
                 cpu_readable: true,
             };
             // SAFETY: a zero-length write reads no local memory.
-            if unsafe { queue.post_one(&wr) }.is_ok() {
+            if unsafe { lane.queue.post_one(&wr) }.is_ok() {
                 waiting += 1;
             }
         }
@@ -384,7 +390,7 @@ impl RecvComm {
         parents: &[Option<Parent>],
     ) -> Result<Option<usize>> {
         // Answers held on other comms go now; this comm's may join this one's in one write.
-        held::flush_all_but(&self.answers);
+        held::flush_all_but(&self.qps);
         let mut st = self.state.lock();
         st.failed.check()?;
         if let Some((seq, bounce)) = st.proto.next_eager() {
@@ -401,6 +407,10 @@ impl RecvComm {
             // gone. (A receive that was posted learns of it in `test`.)
             if let Err(e) = self.check_alive() {
                 return Err(st.failed.record(e));
+            }
+            if st.failover.is_some() {
+                // What it waits for may come only once a lane is repaired.
+                self.progress(&mut st)?;
             }
             return Ok(None);
         };
@@ -468,7 +478,7 @@ impl RecvComm {
         };
         // SAFETY: the staged word may be rewritten before the NIC reads it, with a larger
         // credit, which is as true (see `CREDIT_STAGING`).
-        unsafe { self.answers[0].post_one(&wr) }
+        unsafe { self.qps.lanes[0].read().queue.post_one(&wr) }
     }
 
     /// Post the receives of `cts`, copy its eager message, and write its entries (for the
@@ -480,8 +490,13 @@ impl RecvComm {
     #[inline(always)]
     unsafe fn answer(&self, st: &mut RecvState, cts: &CtsPost, bufs: &[RecvBuf]) -> Result<()> {
         let layout = st.proto.layout();
+        let failover = st.failover.as_deref();
         for q in cts.recvs.clone() {
-            self.qps.qps[q].post_recv(WR_RECV)?;
+            if failover.is_some_and(|f| !f.is_up(q)) {
+                // Posted when the lane is repaired, with every receive it still owes.
+                continue;
+            }
+            self.qps.lanes[q].read().qp.post_recv(WR_RECV)?;
         }
         if let Some(events) = &mut st.events {
             // The request's slot and QPs by value: a reference would keep `cts` in memory.
@@ -502,24 +517,35 @@ impl RecvComm {
             self.cts_staging
                 .write(staged + at, &answer.entry(bufs, i).emit());
         }
+        if st.failover.as_deref().is_some_and(|f| !f.is_up(cts.qp)) {
+            // Written again when the lane is repaired (`RecvSide::answers_on`).
+            return Ok(());
+        }
         let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
         st.cts_posted += 1;
+        let lane = self.qps.lanes[cts.qp].read();
         let answers = AnswerWrites {
             slot: cts.slot,
             staged,
-            lkey: self.cts_staging.mr(layout.local_member(cts.qp)).lkey(),
-            rkey: self.remote_ring_rkeys[layout.remote_member(cts.qp)],
+            lkey: self.cts_staging.mr(lane.member).lkey(),
+            rkey: self.remote_ring_rkeys[lane.remote],
         };
         let hold = self.ctx.config.batch;
         // A grouped receive's first entry and the rest lie apart in the dense layout.
-        let apart = self.cts_layout == CtsLayout::Dense && n > 1;
+        let apart = self.answers_apart(n);
         if !hold && !apart {
             // NCCL's usual answer, one write: posted at once.
             // SAFETY: as in `submit_answer`.
-            return unsafe { self.answers[cts.qp].post_one(&answers.write(self, 0, n, signaled)) };
+            return unsafe { lane.queue.post_one(&answers.write(self, 0, n, signaled)) };
         }
         // SAFETY: as in `submit_answer`.
-        unsafe { self.submit_answer(cts.qp, &answers, n, signaled, hold, apart) }
+        unsafe { self.submit_answer(&lane.queue, &answers, n, signaled, hold, apart) }
+    }
+
+    /// Whether an answer of `n` entries is written in two parts: a grouped receive's first
+    /// entry and the rest lie apart in the dense layout.
+    pub(super) fn answers_apart(&self, n: usize) -> bool {
+        self.cts_layout == CtsLayout::Dense && n > 1
     }
 
     /// Submit the answer's writes to a queue that holds them for a batch (`hold`), or that
@@ -532,9 +558,9 @@ impl RecvComm {
     /// slot, written after this one on the same QP (a connection that copies eager messages has
     /// one QP; otherwise the sender read this answer).
     #[inline(never)]
-    unsafe fn submit_answer(
+    pub(super) unsafe fn submit_answer(
         &self,
-        qp: usize,
+        queue: &PostQueue,
         answers: &AnswerWrites,
         n: usize,
         signaled: bool,
@@ -543,7 +569,7 @@ impl RecvComm {
     ) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
         unsafe {
-            self.answers[qp].submit(hold, |b| {
+            queue.submit(hold, |b| {
                 if apart {
                     b.push_merged(&answers.write(self, 0, 1, false))?;
                     b.push_merged(&answers.write(self, 1, n - 1, signaled))
@@ -572,7 +598,7 @@ impl RecvComm {
                     member: layout.local_member(q),
                     wr_id: WR_RECV,
                     with_imm: true,
-                    qp_num: self.qps.qps[q].qpn(),
+                    qp_num: self.qps.qpn(q),
                     length: buf.size,
                 };
                 events.start(slot, i, &event);
@@ -620,7 +646,12 @@ impl RecvComm {
             )));
         };
         let rkeys = mr.rkeys();
+        let mut posted = 0;
         for (member, flush) in self.flush.iter().enumerate() {
+            if st.failover.is_some() && self.ctx.ports[member].is_down() {
+                // Its lanes moved to the members left, whose reads flush what they carried.
+                continue;
+            }
             let wr = WorkRequest {
                 wr_id: WR_FLUSH | k as u64,
                 op: Op::Read,
@@ -640,8 +671,12 @@ impl RecvComm {
             if let Err(e) = unsafe { flush.posts.post_one(&wr) } {
                 return Err(st.failed.record(e));
             }
+            posted += 1;
         }
-        st.flushes[k] = FlushSlot::Pending(self.flush.len());
+        if posted == 0 {
+            return Ok(None);
+        }
+        st.flushes[k] = FlushSlot::Pending(posted);
         Ok(Some(SLOTS + k))
     }
 
@@ -726,6 +761,11 @@ impl RecvComm {
     /// watcher's, which come 10 to 80 ms apart).
     fn progress_reading_clock(&self, st: &mut RecvState, clock_due: bool) -> Result<()> {
         self.qps.drain(|member, c| self.handle(st, member, c))?;
+        // After the completions: a drain that ends on its grace must not leave one unpolled
+        // (the receives a lane took decide what the sender writes again).
+        if st.failover.is_some() {
+            self.tend_failover(st)?;
+        }
         if !st.proto.layout().quiet {
             return Ok(());
         }
@@ -768,12 +808,23 @@ impl RecvComm {
             // SAFETY: the copy goes into a receive still in flight, whose buffer NCCL keeps
             // valid until `test` reports it done (`irecv`'s contract).
             Arrived::Copied(copy) => unsafe { self.copy_eager(st.proto.layout(), copy) },
-            Arrived::Kept | Arrived::Dropped => self.qps.qps[qp].post_recv(WR_RECV)?,
+            Arrived::Kept | Arrived::Dropped => self.qps.qp(qp).post_recv(WR_RECV)?,
         }
         Ok(())
     }
 
     fn handle(&self, st: &mut RecvState, member: usize, c: &Completion) -> Result<()> {
+        if !c.is_ok()
+            && let Some(f) = st.failover.as_deref_mut()
+        {
+            // A QP of no lane is an old one replaced after its drain: what it still reports
+            // (a late flush) says nothing.
+            let Some(lane) = self.qps.index_of(member, c.qp_num) else {
+                return Ok(());
+            };
+            let actions = f.failed_completion(lane, c.wr_id, c.status);
+            return self.run_actions(st, actions);
+        }
         if !c.is_ok() {
             let e = completion_error(
                 &self.ctx,
@@ -845,13 +896,13 @@ pub enum Sizes {
 }
 
 /// The RDMA writes of one answer's entries from the staging ring into the sender's ring.
-struct AnswerWrites {
+pub(super) struct AnswerWrites {
     /// The message slot answered.
-    slot: usize,
+    pub(super) slot: usize,
     /// Offset of this round's half of the staging ring.
-    staged: usize,
-    lkey: u32,
-    rkey: u32,
+    pub(super) staged: usize,
+    pub(super) lkey: u32,
+    pub(super) rkey: u32,
 }
 
 impl AnswerWrites {

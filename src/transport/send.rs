@@ -12,9 +12,10 @@ use super::conn::{
     CREDIT_OFFSET, CTS_REGION_BYTES, Failure, Nonces, QpSet, SEND_QP_CAPS, SIZES_RING_BYTES,
     SIZES_SLOT_BYTES, STAGING_BYTES, WR_DATA, WR_INDEX_MASK, WR_SEND_DONE, agreed_eager_bytes,
     check_alive, check_peer, completion_error, connection_qps, describe_eager, describe_local,
-    describe_remote, local_hello, quiet_receives, random_u64,
+    describe_remote, failover_agreed, local_hello, quiet_receives, random_u64,
 };
-use super::held::{Builder, PostQueue};
+use super::failover::{Failover, log_failover};
+use super::held::Builder;
 use super::mr::MrHandle;
 use super::profile::{Events, Parent, QpEvent};
 use super::watch::{ClientProgress, Tend, Tended, Tick, Watched};
@@ -27,6 +28,7 @@ use crate::core::group::Group;
 use crate::core::proto::{
     CtsLayout, Layout, Post, RdmaWrite, SendBuf, SendSide, SingleSend, Staging, check_message_size,
 };
+use crate::core::repair::FollowRepair;
 use crate::core::wire::{Cts, Hello, ListenHandle, MAX_RECVS, Role};
 use crate::topology::LinkLayer;
 use crate::verbs::{Access, Completion, HostRegion, Op, Sge, WorkRequest};
@@ -159,7 +161,8 @@ impl Connecting {
                         return Err(stream.late("take the ready byte"));
                     }
                     if stream.flush()? {
-                        comm.link = Some(Watched::new(stream.into_stream(), peer)?);
+                        let framed = comm.state.get_mut().failover.is_some();
+                        comm.link = Some(Watched::new(stream.into_stream(), peer, framed)?);
                         return Tended::new(*comm).map(Some);
                     }
                     self.stage = Some(Stage::Ready { stream, comm });
@@ -172,13 +175,14 @@ impl Connecting {
 
     fn build(&self) -> Result<Pending> {
         let nqps = connection_qps(&self.ctx, usize::from(self.handle.members));
+        let config = &self.ctx.config;
         let qps = QpSet::new(
             &self.ctx,
             self.ctx.current_gids(),
-            nqps,
-            SEND_QP_CAPS,
-            Access::REMOTE_WRITE,
+            (nqps, usize::from(self.handle.members)),
+            (SEND_QP_CAPS, Access::REMOTE_WRITE),
             0,
+            (config.batch, config.port_failover),
         )?;
         let cts_ring = HostRegion::new(
             &self.ctx.pds(),
@@ -212,7 +216,7 @@ impl Connecting {
         let config = &self.ctx.config;
         pending.qps.connect(&self.ctx, remote, self.traffic)?;
         let staging = HostRegion::new(&self.ctx.pds(), STAGING_BYTES, Access::LOCAL_WRITE)?;
-        let nqps = pending.qps.qps.len();
+        let nqps = pending.qps.len();
         let eager_bytes = agreed_eager_bytes(config, nqps, u64::from(remote.eager_bytes));
         let layout = Layout {
             nqps,
@@ -261,16 +265,13 @@ impl Connecting {
                 "adaptive routing: data writes over {t} bytes split"
             ))
         );
-        let posts = pending
-            .qps
-            .qps
-            .iter()
-            .map(|qp| PostQueue::new(Arc::clone(qp), config.batch))
-            .collect();
+        let failover = failover_agreed(config, eager_bytes, remote)
+            .then(|| Box::new(Failover::follow(&self.ctx, layout, remote.members.clone())));
+        log_failover(&self.ctx, failover.is_some(), remote, &remote_desc);
         Ok(SendComm {
             ctx: Arc::clone(&self.ctx),
             qps: pending.qps,
-            posts,
+            traffic: self.traffic,
             cts_ring: pending.cts_ring,
             cts_layout: CtsLayout::with_peer(remote.revision),
             staging,
@@ -288,30 +289,34 @@ impl Connecting {
                 completed_any: false,
                 client: ClientProgress::default(),
                 events: Events::new(SEND_REQUESTS),
+                failover,
             }),
         })
     }
 }
 
 #[derive(Debug)]
-struct SendState {
-    proto: SendSide,
-    failed: Failure,
+pub(super) struct SendState {
+    pub(super) proto: SendSide,
+    pub(super) failed: Failure,
     completed_any: bool,
     /// The client's own progress, which the watcher need not repeat.
     client: ClientProgress,
     /// The profiler's QP events, when one is installed.
     events: Option<Events>,
+    /// Port failover, when both sides agreed on it.
+    pub(super) failover: Option<Box<Failover<FollowRepair>>>,
 }
 
 /// A connected send comm. `isend`/`test` come from NCCL's progress thread; the lock only guards
 /// against `regMr` on the service thread racing it.
 #[derive(Debug)]
 pub struct SendComm {
-    ctx: Arc<DeviceContext>,
-    qps: QpSet,
-    /// Per QP, its posts: a send goes at once, messages released together as one chain.
-    posts: Vec<PostQueue>,
+    pub(super) ctx: Arc<DeviceContext>,
+    /// Its lanes' QPs and posts: a send goes at once, messages released together as one chain.
+    pub(super) qps: QpSet,
+    /// What its QPs use (a lane's new QP too).
+    pub(super) traffic: Traffic,
     cts_ring: HostRegion,
     /// Where the receiver writes its entries in `cts_ring`.
     cts_layout: CtsLayout,
@@ -329,10 +334,10 @@ pub struct SendComm {
     /// `u64::MAX` (one comparison on every send either way).
     split_above: u64,
     local: String,
-    remote: String,
+    pub(super) remote: String,
     /// The out-of-band connection, watched for the receiver's end; set when the handshake ends.
-    link: Option<Watched>,
-    state: Mutex<SendState>,
+    pub(super) link: Option<Watched>,
+    pub(super) state: Mutex<SendState>,
 }
 
 impl SendComm {
@@ -381,7 +386,7 @@ impl SendComm {
             }
             // SAFETY: the payload is NCCL's, unchanged until test() reports done (this
             // function's contract).
-            let posted = unsafe { self.post_one(&single.post) };
+            let posted = unsafe { self.post_one(&single.post, st.failover.as_deref()) };
             if st.events.is_some() {
                 self.report_posts(
                     &mut st,
@@ -400,13 +405,17 @@ impl SendComm {
             if let Err(e) = self.check_alive() {
                 return Err(st.failed.record(e));
             }
+            if st.failover.is_some() {
+                // What it waits for may come only once a lane is repaired.
+                self.progress(&mut st)?;
+            }
             return Ok(None);
         };
         if let Some(truncated) = accepted.truncated {
             self.trace_truncated(truncated);
         }
         // SAFETY: as above.
-        let posted = unsafe { self.post(&accepted.posts, false) };
+        let posted = unsafe { self.post(&accepted.posts, false, st.failover.as_deref()) };
         if st.events.is_some() {
             self.report_posts(&mut st, Some((accepted.req, parent)), &accepted.posts);
         }
@@ -481,7 +490,7 @@ impl SendComm {
                 released = true;
                 // SAFETY: the posts carry sends NCCL keeps unchanged until test() reports them
                 // done (isend's contract).
-                let held = unsafe { self.post(&posts, true) };
+                let held = unsafe { self.post(&posts, true, st.failover.as_deref()) };
                 if st.events.is_some() {
                     self.report_posts(st, None, &posts);
                 }
@@ -492,7 +501,7 @@ impl SendComm {
             }
         };
         let posted = if released {
-            self.posts.iter().try_for_each(PostQueue::flush)
+            self.qps.flush_queues()
         } else {
             Ok(())
         };
@@ -629,19 +638,31 @@ impl SendComm {
     ///
     /// # Safety
     /// The payloads `posts` read stay unchanged until their completions (isend's contract).
-    unsafe fn post(&self, posts: &[Post], hold: bool) -> Result<()> {
+    pub(super) unsafe fn post(
+        &self,
+        posts: &[Post],
+        hold: bool,
+        failover: Option<&Failover<FollowRepair>>,
+    ) -> Result<()> {
         if let [p] = posts
             && !hold
             && !self.splits(p)
         {
             // SAFETY: forwarded from this function's contract.
-            return unsafe { self.post_one(p) };
+            return unsafe { self.post_one(p, failover) };
         }
         for run in posts.chunk_by(|a, b| a.qp() == b.qp()) {
+            let lane = run[0].qp();
+            if failover.is_some_and(|f| !f.is_up(lane)) {
+                // Written when the lane is repaired (the protocol keeps what each lane owes).
+                continue;
+            }
             // SAFETY: forwarded from this function's contract; the sizes and header staging
             // slots are rewritten only after this slot's completion.
             unsafe {
-                self.posts[run[0].qp()]
+                self.qps.lanes[lane]
+                    .read()
+                    .queue
                     .submit(hold, |b| run.iter().try_for_each(|p| self.push(b, p)))
             }?;
         }
@@ -654,13 +675,17 @@ impl SendComm {
     /// # Safety
     /// As [`Self::post`].
     #[inline(always)]
-    unsafe fn post_one(&self, p: &Post) -> Result<()> {
+    unsafe fn post_one(&self, p: &Post, failover: Option<&Failover<FollowRepair>>) -> Result<()> {
+        let lane = p.qp();
+        if failover.is_some_and(|f| !f.is_up(lane)) {
+            return Ok(());
+        }
         let wr = match *p {
             Post::WriteImm { write, imm, slot } => data_write(&write, imm, slot)?,
             _ => self.work_request(p)?,
         };
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.posts[p.qp()].post_one(&wr) }
+        unsafe { self.qps.lanes[lane].read().queue.post_one(&wr) }
     }
 
     /// Whether `p` is a data write that adaptive routing splits into two requests.
@@ -756,7 +781,12 @@ impl SendComm {
                     cpu_readable: true,
                 }
             }
-            Post::Sizes { qp, slot, sizes } => {
+            Post::Sizes {
+                qp,
+                members: (local, remote),
+                slot,
+                sizes,
+            } => {
                 let mut bytes = [0u8; SIZES_SLOT_BYTES];
                 for (chunk, size) in bytes.chunks_exact_mut(8).zip(sizes) {
                     chunk.copy_from_slice(&size.to_le_bytes());
@@ -766,10 +796,10 @@ impl SendComm {
                 let write = RdmaWrite {
                     qp,
                     local_addr: self.staging.addr(offset),
-                    lkey: self.staging.mr(self.layout.local_member(qp)).lkey(),
+                    lkey: self.staging.mr(local).lkey(),
                     len: SIZES_SLOT_BYTES as u64,
                     remote_addr: self.remote_sizes_addr + offset as u64,
-                    rkey: self.remote_sizes_rkeys[self.layout.remote_member(qp)],
+                    rkey: self.remote_sizes_rkeys[remote],
                     host: true,
                 };
                 write_request(&write, WR_DATA, Op::Write, false)?
@@ -779,7 +809,12 @@ impl SendComm {
     }
 
     fn progress(&self, st: &mut SendState) -> Result<()> {
-        self.qps.drain(|member, c| self.handle(st, member, c))
+        self.qps.drain(|member, c| self.handle(st, member, c))?;
+        // After the completions: a drain that ends on its grace must not leave one unpolled.
+        if st.failover.is_some() {
+            self.tend_failover(st)?;
+        }
+        Ok(())
     }
 
     /// For the profiler, when one is installed: the send `begun` (its request and NCCL's
@@ -827,7 +862,7 @@ impl SendComm {
                         WR_DATA
                     },
                     with_imm: share.with_imm,
-                    qp_num: self.qps.qps[share.qp].qpn(),
+                    qp_num: self.qps.qpn(share.qp),
                     length: share.len,
                 };
                 events.start(share.req, 0, &event);
@@ -843,6 +878,17 @@ impl SendComm {
     }
 
     fn handle(&self, st: &mut SendState, member: usize, c: &Completion) -> Result<()> {
+        if let Some(f) = st.failover.as_deref_mut() {
+            let lane = self.qps.index_of(member, c.qp_num).unwrap_or(usize::MAX);
+            if !c.is_ok() {
+                let actions = f.failed_completion(lane, c.wr_id, c.status);
+                return self.run_actions(st, actions);
+            }
+            if !f.is_up(lane) {
+                // The receiver's word on what arrived settles it (`Frame::Resume`).
+                return Ok(());
+            }
+        }
         if !c.is_ok() {
             let e = completion_error(
                 &self.ctx,

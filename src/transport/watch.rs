@@ -46,11 +46,9 @@ use parking_lot::Mutex;
 
 use super::held;
 use crate::core::error::{Error, Kind, Result};
+use crate::core::repair::{Frame, GOODBYE, MAX_FRAME_LEN};
 use crate::plugin::PLUGIN_NAME;
 use crate::verbs::{AsyncEvent, Device, Epoll, EventFd};
-
-/// The byte an orderly close writes before closing the connection.
-const GOODBYE: u8 = 0x42;
 
 /// How long after a peer's orderly close its pending requests still may complete.
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
@@ -83,6 +81,18 @@ pub(super) struct PeerLink {
     state: AtomicU8,
     /// When the goodbye arrived.
     closed_at: OnceLock<Instant>,
+    /// The connection carries failover frames (both sides agreed on failover).
+    framed: bool,
+    /// Frames that arrived, for the comm's next progress, and the bytes of one not complete.
+    inbox: Mutex<Inbox>,
+    /// The inbox holds frames (read without its lock on every progress).
+    has_frames: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Inbox {
+    frames: Vec<Frame>,
+    partial: Vec<u8>,
 }
 
 impl PeerLink {
@@ -140,7 +150,19 @@ impl PeerLink {
 
     /// Read what arrived; `false` once the connection is closed (nothing more to watch).
     fn on_readable(&self) -> bool {
-        let stream = self.stream.lock();
+        self.read_from(&self.stream.lock())
+    }
+
+    /// Read what arrived without waiting for the watcher thread, which may not get a CPU for
+    /// a while from clients that poll: a comm in the middle of a repair calls this now and
+    /// then. Nothing when the watcher is reading it at the moment.
+    pub(super) fn pull(&self) {
+        if let Some(stream) = self.stream.try_lock() {
+            self.read_from(&stream);
+        }
+    }
+
+    fn read_from(&self, stream: &Option<TcpStream>) -> bool {
         let Some(mut stream) = stream.as_ref() else {
             // The comm closed it: nothing more to watch.
             return false;
@@ -151,10 +173,14 @@ impl PeerLink {
                 // The end of the stream: after a goodbye it is an orderly close, else the process
                 // is gone; a reset or other error is the same.
                 Ok(0) => return self.ended(),
+                Ok(n) if self.framed => {
+                    if !self.take_frames_from(&buf[..n]) {
+                        return self.ended();
+                    }
+                }
                 Ok(n) => {
                     if buf[..n].contains(&GOODBYE) {
-                        let _ = self.closed_at.set(Instant::now());
-                        self.state.store(CLOSED, Ordering::Release);
+                        self.said_goodbye();
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
@@ -162,6 +188,86 @@ impl PeerLink {
                 Err(_) => return self.ended(),
             }
         }
+    }
+
+    fn said_goodbye(&self) {
+        let _ = self.closed_at.set(Instant::now());
+        self.state.store(CLOSED, Ordering::Release);
+    }
+
+    /// Add `bytes` to what arrived and take the frames they complete (or the goodbye);
+    /// `false` when the peer sent something that is not a frame (its connection is useless).
+    fn take_frames_from(&self, bytes: &[u8]) -> bool {
+        let mut inbox = self.inbox.lock();
+        inbox.partial.extend_from_slice(bytes);
+        let mut at = 0;
+        let ok = loop {
+            let rest = &inbox.partial[at..];
+            if rest.first() == Some(&GOODBYE) {
+                self.said_goodbye();
+                at = inbox.partial.len();
+                break true;
+            }
+            match Frame::parse(rest) {
+                Ok(Some((frame, used))) => {
+                    inbox.frames.push(frame);
+                    at += used;
+                }
+                Ok(None) => break true,
+                Err(e) => {
+                    tracing::warn!("NET/{PLUGIN_NAME}: peer {}: {e}", self.peer);
+                    break false;
+                }
+            }
+        };
+        inbox.partial.drain(..at);
+        if !inbox.frames.is_empty() {
+            self.has_frames.store(true, Ordering::Release);
+        }
+        ok
+    }
+
+    /// The frames that arrived since the last call (a comm that agreed on failover).
+    pub(super) fn frames(&self) -> Vec<Frame> {
+        if !self.has_frames.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut inbox = self.inbox.lock();
+        self.has_frames.store(false, Ordering::Release);
+        std::mem::take(&mut inbox.frames)
+    }
+
+    /// Send `frame` to the peer.
+    ///
+    /// # Errors
+    /// `Remote` when the connection is gone.
+    pub(super) fn send(&self, frame: &Frame) -> Result<()> {
+        let mut out = [0u8; MAX_FRAME_LEN];
+        let len = frame.emit(&mut out);
+        let stream = self.stream.lock();
+        let mut stream = stream.as_ref().ok_or_else(|| {
+            Error::new(Kind::Remote, format!("connection to {} closed", self.peer))
+        })?;
+        let mut sent = 0;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while sent < len {
+            match stream.write(&out[sent..len]) {
+                Ok(n) => sent += n,
+                // A few bytes into a socket whose buffer is full: the peer reads it within a
+                // moment unless it is stuck, which the deadline reports.
+                Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    std::thread::yield_now();
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(Error::new(
+                        Kind::Remote,
+                        format!("sending a failover message to {}: {e}", self.peer),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The connection is over: the peer died unless it said goodbye first. Always `false`.
@@ -187,7 +293,8 @@ impl Watched {
     ///
     /// # Errors
     /// `System` when the watcher cannot be started or the socket not registered.
-    pub(super) fn new(stream: TcpStream, peer: SocketAddr) -> Result<Self> {
+    /// With `framed`, it also carries failover frames ([`PeerLink::frames`], [`PeerLink::send`]).
+    pub(super) fn new(stream: TcpStream, peer: SocketAddr, framed: bool) -> Result<Self> {
         stream
             .set_nonblocking(true)
             .map_err(|e| Error::system(format!("watching the connection to {peer}"), e))?;
@@ -197,6 +304,9 @@ impl Watched {
             peer,
             state: AtomicU8::new(ALIVE),
             closed_at: OnceLock::new(),
+            framed,
+            inbox: Mutex::new(Inbox::default()),
+            has_frames: AtomicBool::new(false),
         });
         let key = Watcher::get()?.register(link.fd, Target::Link(Arc::clone(&link)))?;
         Ok(Self { link, key })
@@ -234,6 +344,10 @@ pub struct DeviceHealth {
     key: AtomicU64,
     /// How many times the device reported a change in a GID table.
     gid_changes: AtomicU64,
+    /// Ports whose latest event was `IBV_EVENT_PORT_ERR` (bit = port number).
+    ports_down: AtomicU64,
+    /// How many port events the device reported: a comm that saw another count looks again.
+    port_events: AtomicU64,
 }
 
 impl DeviceHealth {
@@ -251,6 +365,8 @@ impl DeviceHealth {
             fatal: AtomicBool::new(false),
             key: AtomicU64::new(0),
             gid_changes: AtomicU64::new(0),
+            ports_down: AtomicU64::new(0),
+            port_events: AtomicU64::new(0),
         });
         let key = Watcher::get()?.register(fd, Target::Device(Arc::clone(&health)))?;
         health.key.store(key, Ordering::Release);
@@ -261,6 +377,26 @@ impl DeviceHealth {
     /// whose count moved chooses its GID again for its next connection.
     pub fn gid_changes(&self) -> u64 {
         self.gid_changes.load(Ordering::Acquire)
+    }
+
+    /// How many port events (down or active) the device has reported.
+    #[inline]
+    pub fn port_events(&self) -> u64 {
+        self.port_events.load(Ordering::Acquire)
+    }
+
+    /// Whether `port`'s latest event said it went down.
+    pub fn port_down(&self, port: u8) -> bool {
+        self.ports_down.load(Ordering::Acquire) & port_bit(u32::from(port)) != 0
+    }
+
+    fn port_event(&self, port: u32, down: bool) {
+        if down {
+            self.ports_down.fetch_or(port_bit(port), Ordering::AcqRel);
+        } else {
+            self.ports_down.fetch_and(!port_bit(port), Ordering::AcqRel);
+        }
+        self.port_events.fetch_add(1, Ordering::AcqRel);
     }
 
     /// `Err` once the device reported a fatal error.
@@ -311,12 +447,16 @@ impl DeviceHealth {
                         }
                     );
                 }
-                AsyncEvent::PortDown(port) => tracing::warn!(
-                    "NET/{PLUGIN_NAME}: {name}:{port} went down (IBV_EVENT_PORT_ERR): link, cable \
-                     or switch; transfers on it fail once the QPs exhaust their retries"
-                ),
+                AsyncEvent::PortDown(port) => {
+                    self.port_event(port, true);
+                    tracing::warn!(
+                        "NET/{PLUGIN_NAME}: {name}:{port} went down (IBV_EVENT_PORT_ERR): link, \
+                         cable or switch"
+                    );
+                }
                 AsyncEvent::PortUp(port) => {
-                    tracing::info!("NET/{PLUGIN_NAME}: {name}:{port} is active again")
+                    self.port_event(port, false);
+                    tracing::info!("NET/{PLUGIN_NAME}: {name}:{port} is active again");
                 }
                 AsyncEvent::GidChange(port) => {
                     self.gid_changes.fetch_add(1, Ordering::AcqRel);
@@ -333,6 +473,10 @@ impl DeviceHealth {
             }
         }
     }
+}
+
+fn port_bit(port: u32) -> u64 {
+    1u64.checked_shl(port).unwrap_or(0)
 }
 
 /// A comm that may owe its peer progress while its client makes no call.

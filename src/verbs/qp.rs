@@ -137,6 +137,7 @@ unsafe impl Sync for QueuePair {}
 const IBV_QPS_INIT: u32 = 1;
 const IBV_QPS_RTR: u32 = 2;
 const IBV_QPS_RTS: u32 = 3;
+const IBV_QPS_ERR: u32 = 6;
 const IBV_QPT_RC: u32 = 2;
 const IBV_SEND_SIGNALED: u32 = 2;
 const IBV_SEND_INLINE: u32 = 8;
@@ -295,6 +296,41 @@ impl QueuePair {
         a.max_rd_atomic = 1;
         // STATE | TIMEOUT | RETRY_CNT | RNR_RETRY | SQ_PSN | MAX_QP_RD_ATOMIC
         self.modify(&mut a, 1 | 512 | 1024 | 2048 | 65_536 | 8192, "RTS")
+    }
+
+    /// Any state → ERR: nothing more is sent or received through the QP, and every work
+    /// request it holds, or that is posted to it from now on, completes with an error.
+    ///
+    /// # Errors
+    /// `System` when the transition fails.
+    pub fn to_error(&self) -> Result<()> {
+        let mut a = Self::zeroed_attr();
+        a.qp_state = IBV_QPS_ERR;
+        self.modify(&mut a, 1, "ERR")
+    }
+
+    /// Post a signaled zero-byte write numbered `send_id`, and a receive numbered `recv_id`,
+    /// to a QP in ERR:
+    /// they complete (flushed) after everything posted before them, so their completions say
+    /// the QP is drained (how the kernel's `ib_drain_qp` does it).
+    ///
+    /// # Errors
+    /// `System` when a post fails.
+    pub fn post_drain_markers(&self, send_id: u64, recv_id: u64) -> Result<()> {
+        let marker = WorkRequest {
+            wr_id: send_id,
+            op: Op::Write,
+            local: Sge::default(),
+            tail: Sge::default(),
+            remote_addr: 0,
+            rkey: 0,
+            signaled: true,
+            cpu_readable: true,
+        };
+        // SAFETY: a zero-byte write reads and writes no memory, and on a QP in ERR nothing is
+        // sent at all.
+        unsafe { self.post_one(&marker) }?;
+        self.post_recv(recv_id)
     }
 
     /// An empty chain for this QP (it knows how much the QP takes inline).

@@ -40,7 +40,7 @@ fn transfer_outside_any_range(cx: &mut Cx) {
 /// those set (an empty value is unset) in one WARN line, and transfers are as without them.
 fn transfer_with_nccl_transport_options_set(cx: &mut Cx) {
     println!(
-        "EXPECT_STDERR NCCL_IB_OOO_RQ=1, NCCL_IB_RESILIENCY_PORT_FAILOVER=1: options of NCCL's \
+        "EXPECT_STDERR NCCL_IB_OOO_RQ=1, NCCL_IB_SUBNET_AWARE_ROUTING=1: options of NCCL's \
          internal IB transport that this plugin does not implement; they have no effect here"
     );
     transfer_sizes(cx);
@@ -633,7 +633,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         env: &[&[
             ("NCCL_IB_OOO_RQ", "1"),
             ("NCCL_IB_USE_INLINE", ""),
-            ("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1"),
+            ("NCCL_IB_SUBNET_AWARE_ROUTING", "1"),
         ]],
     },
     // Addressing knobs (NCCL_IB_ADDR_RANGE picks the GID; NCCL_IB_PKEY the partition).

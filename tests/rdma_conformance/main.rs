@@ -18,6 +18,7 @@ mod batch;
 mod connections;
 mod data_path;
 mod eager;
+mod failover;
 mod faults;
 mod versions;
 
@@ -291,6 +292,10 @@ struct Scenario {
 /// Runs the ranks under the registration-recording shim (see `run_scenario`).
 const REG_SHIM: (&str, &str) = ("RSIB_REG_SHIM", "1");
 
+/// In a scenario's environment: the runner makes the test bed's second path (veth2/veth3 with
+/// rxe3/rxe4) before its ranks start and removes it after they end.
+const SECOND_PATH: (&str, &str) = ("RSIB_SECOND_PATH", "1");
+
 /// `(NON_UTF8, NAME)` in a scenario's environment sets the variable NAME to the bytes `ff fe`.
 const NON_UTF8: &str = "RSIB_NON_UTF8";
 
@@ -316,6 +321,7 @@ fn scenarios() -> impl Iterator<Item = &'static Scenario> {
         .iter()
         .chain(connections::SCENARIOS)
         .chain(faults::SCENARIOS)
+        .chain(failover::SCENARIOS)
         .chain(versions::SCENARIOS)
         .chain(eager::SCENARIOS)
         .chain(batch::SCENARIOS)
@@ -330,7 +336,8 @@ fn runs() -> Vec<(String, &'static Scenario, Option<u8>)> {
     let common = data_path::SCENARIOS
         .iter()
         .chain(connections::SCENARIOS)
-        .chain(faults::SCENARIOS);
+        .chain(faults::SCENARIOS)
+        .chain(failover::SCENARIOS);
     let mut runs: Vec<_> = ABIS
         .iter()
         .flat_map(|&abi| {
@@ -398,6 +405,27 @@ fn half_connect(handle: &str, dev: &str) {
 /// Run one scenario's processes, through ncclNet `abi` (or what the scenario's environment
 /// says); `Err` describes the failure.
 fn run_scenario(s: &Scenario, abi: Option<u8>) -> Result<(), String> {
+    if !s.env.iter().any(|env| env.contains(&SECOND_PATH)) {
+        return run_ranks(s, abi);
+    }
+    second_path("up")?;
+    let outcome = run_ranks(s, abi);
+    second_path("down").and(outcome)
+}
+
+fn second_path(state: &str) -> Result<(), String> {
+    let script = support::repo_root().join("scripts/vm-guest.sh");
+    let ok = Command::new("bash")
+        .arg(&script)
+        .args(["--second-path", state])
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(())
+        .ok_or_else(|| format!("vm-guest.sh --second-path {state} failed"))
+}
+
+/// [`run_scenario`]'s processes.
+fn run_ranks(s: &Scenario, abi: Option<u8>) -> Result<(), String> {
     let exe = std::env::current_exe().unwrap();
     let mut children: Vec<Child> = (0..s.ranks)
         .map(|rank| {

@@ -174,6 +174,16 @@ pub const KNOBS: &[Knob] = &[
         default: "0",
         meaning: "1 = hold the clear-to-sends of back-to-back irecvs on a comm and write them as one write at the next other call (or the watcher thread's next tick, 10 to 80 ms apart, when the client makes none); 0 = write each inside its irecv, as NCCL's IB transport does",
     },
+    Knob {
+        name: "NCCL_IB_RESILIENCY_PORT_FAILOVER",
+        default: "1",
+        meaning: "when a member port of a fused device fails, its connections carry on over the members left (both sides must agree; 0 = the comm fails, naming the port)",
+    },
+    Knob {
+        name: "NCCL_IB_RESILIENCY_PORT_RECOVERY",
+        default: "1",
+        meaning: "when a failed member port is active again, traffic spreads over it again",
+    },
 ];
 
 /// Variables of NCCL's own IB transport (`src/transport/net_ib/`, `src/misc/ibvwrap.cc`, NCCL
@@ -210,16 +220,6 @@ pub const NOT_IMPLEMENTED: &[Knob] = &[
         name: "NCCL_IB_RECEIVER_SIDE_MATCHING_SCHEME",
         default: "-2 (by index)",
         meaning: "how the receiver matches completions to requests (by index or by id)",
-    },
-    Knob {
-        name: "NCCL_IB_RESILIENCY_PORT_FAILOVER",
-        default: "0",
-        meaning: "move a connection's traffic to another port of its device when a port fails (this plugin fails the comm, naming the port)",
-    },
-    Knob {
-        name: "NCCL_IB_RESILIENCY_PORT_RECOVERY",
-        default: "0",
-        meaning: "bring a failed-over port back into use once it recovers",
     },
     Knob {
         name: "NCCL_IB_SUBNET_AWARE_ROUTING",

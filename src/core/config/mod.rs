@@ -198,6 +198,12 @@ pub struct Config {
     /// default: it measures even on rxe, and a held answer may wait a watcher tick
     /// (docs/design.md).
     pub batch: bool,
+    /// Move a failed member's lanes to the members left (`NCCL_IB_RESILIENCY_PORT_FAILOVER`),
+    /// when the peer agrees; on by default.
+    pub port_failover: bool,
+    /// Move lanes back once their home members are up again
+    /// (`NCCL_IB_RESILIENCY_PORT_RECOVERY`); on by default.
+    pub port_recovery: bool,
 }
 
 impl Default for Config {
@@ -233,6 +239,8 @@ impl Default for Config {
             quiet: false,
             quiet_wait: Duration::from_micros(200),
             batch: false,
+            port_failover: true,
+            port_recovery: true,
         }
     }
 }
@@ -426,6 +434,12 @@ impl Config {
                         Duration::from_micros(narrow(number(name, value, 1, 1_000_000)?));
                 }
                 "NCCL_NET_RS_BATCH" => c.batch = number(name, value, 0, 1)? == 1,
+                "NCCL_IB_RESILIENCY_PORT_FAILOVER" => {
+                    c.port_failover = number(name, value, 0, 1)? == 1;
+                }
+                "NCCL_IB_RESILIENCY_PORT_RECOVERY" => {
+                    c.port_recovery = number(name, value, 0, 1)? == 1;
+                }
                 "NCCL_NET_RS_CONNECT_TIMEOUT" => {
                     c.connect_timeout =
                         Duration::from_secs(narrow(number(name, value, 1, 86_400)?));

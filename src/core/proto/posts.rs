@@ -88,6 +88,8 @@ pub enum Post {
     Sizes {
         /// QP index.
         qp: usize,
+        /// The members the QP connects (this side's, the peer's): whose keys it uses.
+        members: (usize, usize),
         /// Ring slot.
         slot: usize,
         /// Sizes of the `n` buffers (rest zero).

@@ -258,10 +258,10 @@ pub struct RecvSide {
     /// Per lane (QP index), the write-with-immediates it completed in all (rendezvous and
     /// eager alike): a repair resumes the lane from there.
     consumed: Vec<u64>,
-    /// Per slot, the latest answer written into the sender's ring and the lane it went on: a
-    /// repair of that lane writes it again (the newest answer of a slot is the only one the
-    /// sender may still need).
-    answered: [Option<(usize, Answer)>; SLOTS],
+    /// Per slot, the latest answer written into the sender's ring, the lane it went on and
+    /// its entries: a repair of that lane writes it again (the newest answer of a slot is the
+    /// only one the sender may still need).
+    answered: [Option<(usize, Answer, usize)>; SLOTS],
 }
 
 impl RecvSide {
@@ -291,18 +291,29 @@ impl RecvSide {
     }
 
     /// What a repair of lane `qp` writes again: every slot whose latest answer went on that
-    /// lane, with the answer (the glue writes the entries it staged for it).
-    pub fn answers_on(&self, qp: usize) -> impl Iterator<Item = (usize, Answer)> + '_ {
+    /// lane, with the answer and its number of entries (the glue writes the entries it staged
+    /// for it).
+    pub fn answers_on(&self, qp: usize) -> impl Iterator<Item = (usize, Answer, usize)> + '_ {
         self.answered
             .iter()
             .enumerate()
-            .filter_map(move |(slot, a)| a.filter(|(q, _)| *q == qp).map(|(_, a)| (slot, a)))
+            .filter_map(move |(slot, a)| {
+                a.filter(|(q, _, _)| *q == qp)
+                    .map(|(_, a, entries)| (slot, a, entries))
+            })
     }
 
-    /// Remember the answer `post` writes as its slot's latest, with its lane.
-    fn record(&mut self, post: &CtsPost) {
+    /// The write-with-immediates lane `qp` still owes (a receive each): a repair posts them on
+    /// its new QP.
+    pub fn expecting(&self, qp: usize) -> usize {
+        self.expected.get(qp).map_or(0, |r| r.len)
+    }
+
+    /// Remember the answer `post` writes for a receive of `bufs` buffers as its slot's
+    /// latest, with its lane.
+    fn record(&mut self, post: &CtsPost, bufs: usize) {
         if let Some(answer) = post.answer {
-            self.answered[post.slot] = Some((post.qp, answer));
+            self.answered[post.slot] = Some((post.qp, answer, answer.entries(bufs)));
         }
     }
 
@@ -412,7 +423,7 @@ impl RecvSide {
             answer: Some(Answer::Cts { seq, refused }),
             copy: None,
         };
-        self.record(&post);
+        self.record(&post, 1);
         Some((post, b))
     }
 
@@ -628,7 +639,7 @@ impl RecvSide {
                     }),
                     copy: Some(copy),
                 };
-                self.record(&post);
+                self.record(&post, 1);
                 return Ok(Some((seq, post)));
             }
             if single.is_some_and(|b| b.tag != a.tag) {
@@ -664,7 +675,7 @@ impl RecvSide {
             answer: (!quiet).then_some(Answer::Cts { seq, refused }),
             copy: None,
         };
-        self.record(&post);
+        self.record(&post, bufs.len());
         Ok(Some((seq, post)))
     }
 

@@ -705,6 +705,7 @@ impl SendSide {
         }
         posts.push(Post::Sizes {
             qp,
+            members,
             slot: slot_index,
             sizes,
         });

@@ -264,4 +264,15 @@ impl FollowRepair {
     pub fn overdue(&self, now: Instant) -> Vec<GaveUp> {
         self.lanes.overdue(now)
     }
+
+    /// `lane`'s old QP is drained: nothing to do here (the receiver plans, and its offer
+    /// waits for this side's drain in the glue).
+    pub fn drained(&mut self, _lane: usize) -> Vec<Action> {
+        Vec::new()
+    }
+
+    /// Nothing is due by the clock here: the receiver moves lanes home.
+    pub fn tick(&mut self, _now: Instant) -> Vec<Action> {
+        Vec::new()
+    }
 }

@@ -1,0 +1,691 @@
+//! Port failover on real QPs: runs what `core::repair` decides (flush a broken lane's QP, make
+//! one on another member, exchange frames on the out-of-band connection, write again what did
+//! not arrive), and feeds it what the device and the peer tell: port events, failed
+//! completions, frames.
+//!
+//! A comm that agreed on failover with its peer keeps a [`Failover`]; everything here runs
+//! inside the comm's calls (its `test`, `isend`, `irecv`), under its state lock. A comm without
+//! one pays a branch on an `Option` per call.
+#![allow(unsafe_code)] // posts again what NCCL's requests still own (see the transport module doc)
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::DeviceContext;
+use super::conn::{CTS_RING_BYTES, CTS_SIGNAL_EVERY, WR_RECV};
+use super::conn::{QpSet, WR_INDEX_MASK};
+use super::recv::{AnswerWrites, RecvComm, RecvState};
+use super::send::{SendComm, SendState};
+use super::watch::PeerLink;
+use crate::core::config::Traffic;
+use crate::core::error::{Error, Kind, Result};
+use crate::core::proto::{Answer, Layout, SLOTS};
+use crate::core::repair::{Action, Cause, FollowRepair, Frame, GaveUp, LeadRepair, Route};
+use crate::core::wire::{Endpoint, Hello};
+use crate::plugin::PLUGIN_NAME;
+
+/// `wr_id` kinds of a lane's drain markers, in its send and receive queue (the low bits: the
+/// lane).
+const WR_LANE_DRAIN: u64 = 7 << 56;
+const WR_LANE_DRAIN_RECV: u64 = 8 << 56;
+
+/// How long a lane may stay down before the comm fails: as long as NCCL's transport keeps
+/// retrying one work request on hardware, `4.096 us * 2^NCCL_IB_TIMEOUT` per try,
+/// `NCCL_IB_RETRY_CNT + 1` tries.
+pub(super) fn retry_budget(ib_timeout: u8, retry_cnt: u8) -> Duration {
+    let one = Duration::from_nanos(4096u64.saturating_mul(1u64 << ib_timeout.min(40)));
+    one.saturating_mul(u32::from(retry_cnt) + 1)
+}
+
+/// The sender gives up a little after the receiver, which decides first (its error names the
+/// ports; the sender's would only say the receiver stopped answering).
+const SENDER_GRACE: Duration = Duration::from_secs(5);
+
+/// What both sides' repairs offer the glue.
+pub(super) trait Repair {
+    fn is_up(&self, lane: usize) -> bool;
+    /// `lane`'s old QP is drained (the receiver plans where the lane goes).
+    fn drained(&mut self, lane: usize) -> Vec<Action>;
+    fn route(&self, lane: usize) -> Route;
+    fn broken(&mut self, lane: usize, cause: Cause, now: Instant) -> Vec<Action>;
+    fn local_member(&mut self, m: u8, down: bool, now: Instant) -> Vec<Action>;
+    fn handle(&mut self, frame: Frame, now: Instant) -> Vec<Action>;
+    fn overdue(&self, now: Instant) -> Vec<GaveUp>;
+    /// Lanes away from home that may move back (the receiver's; the sender follows).
+    fn tick(&mut self, now: Instant) -> Vec<Action>;
+}
+
+/// Both sides' repairs have these methods of their own; the trait lets the glue hold either.
+macro_rules! repair_of {
+    ($side:ty) => {
+        impl Repair for $side {
+            fn is_up(&self, lane: usize) -> bool {
+                Self::is_up(self, lane)
+            }
+            fn drained(&mut self, lane: usize) -> Vec<Action> {
+                Self::drained(self, lane)
+            }
+            fn route(&self, lane: usize) -> Route {
+                Self::route(self, lane)
+            }
+            fn broken(&mut self, lane: usize, cause: Cause, now: Instant) -> Vec<Action> {
+                Self::broken(self, lane, cause, now)
+            }
+            fn local_member(&mut self, m: u8, down: bool, now: Instant) -> Vec<Action> {
+                Self::local_member(self, m, down, now)
+            }
+            fn handle(&mut self, frame: Frame, now: Instant) -> Vec<Action> {
+                Self::handle(self, frame, now)
+            }
+            fn overdue(&self, now: Instant) -> Vec<GaveUp> {
+                Self::overdue(self, now)
+            }
+            fn tick(&mut self, now: Instant) -> Vec<Action> {
+                Self::tick(self, now)
+            }
+        }
+    };
+}
+
+repair_of!(LeadRepair);
+repair_of!(FollowRepair);
+
+/// One comm's failover: the core's repairs, the members' states as last seen, and the lanes
+/// whose old QP is still draining.
+#[derive(Debug)]
+pub(super) struct Failover<R> {
+    pub(super) core: R,
+    /// Per member, the device's port-event count when last looked at.
+    seen: Vec<u64>,
+    /// Per member, whether the core was told it is down.
+    down: Vec<bool>,
+    /// Per lane, the drain of its old QP, while one runs.
+    draining: Vec<Option<Drain>>,
+    /// The peer's members, to connect new QPs to.
+    pub(super) peer: Vec<Endpoint>,
+    /// Actions waiting for a lane's old QP to drain (the sender connects a lane's new QP only
+    /// then: the old one's completions must not be taken for the new one's).
+    deferred: Vec<Action>,
+    /// Whether lanes move back to their home members (`NCCL_IB_RESILIENCY_PORT_RECOVERY`).
+    recovery: bool,
+    layout: Layout,
+    /// Every lane is up at home: nothing to do unless a member or the peer says otherwise.
+    settled: bool,
+    polls: u32,
+}
+
+/// A broken lane's old QP on its way out: both its markers are posted
+/// ([`QueuePair::post_drain_markers`]); the send queue's completes after every send request,
+/// the receive queue's after every receive. Some providers never flush a receive posted to a
+/// QP in ERR (rxe before Linux 6.4): then the drain ends [`RECEIVE_GRACE`] after the send
+/// queue's marker, by which time the receives that completed before ERR are polled.
+#[derive(Copy, Clone, Debug)]
+struct Drain {
+    send_done: Option<Instant>,
+    receive_done: bool,
+}
+
+/// See [`Drain`].
+const RECEIVE_GRACE: Duration = Duration::from_millis(20);
+
+/// While lanes are down or away from home, the clock is read (for the budget and the move
+/// home) once in this many polls: in a VM every read may be a system call.
+const POLLS_PER_CLOCK_READ: u32 = 32;
+
+impl<R: Repair> Failover<R> {
+    fn with(core: R, ctx: &DeviceContext, layout: Layout, peer: Vec<Endpoint>) -> Self {
+        Self {
+            core,
+            // A member already down when the connection was made is seen at the first poll.
+            seen: vec![u64::MAX; ctx.ports.len()],
+            down: vec![false; ctx.ports.len()],
+            draining: vec![None; layout.nqps],
+            peer,
+            deferred: Vec::new(),
+            recovery: ctx.config.port_recovery,
+            layout,
+            settled: true,
+            polls: 0,
+        }
+    }
+
+    /// Whether `lane` carries traffic now.
+    #[inline]
+    pub(super) fn is_up(&self, lane: usize) -> bool {
+        self.core.is_up(lane)
+    }
+
+    /// What changed since the last call: members that went down or came back (port events),
+    /// frames from the peer; and, while not every lane is up at home, every
+    /// [`POLLS_PER_CLOCK_READ`]th call, lanes due home and lanes down for too long (an error
+    /// naming every port). Returns the core's actions.
+    pub(super) fn poll(&mut self, ctx: &DeviceContext, link: &PeerLink) -> Result<Vec<Action>> {
+        let mut actions = Vec::new();
+        for (m, port) in ctx.ports.iter().enumerate() {
+            let events = port.health.port_events();
+            if events == self.seen[m] {
+                continue;
+            }
+            self.seen[m] = events;
+            let down = port.health.port_down(port.port_num());
+            if down != self.down[m] {
+                self.down[m] = down;
+                ctx.note_member(m, down, events);
+                let m = u8::try_from(m).unwrap_or(u8::MAX);
+                actions.extend(self.core.local_member(m, down, Instant::now()));
+                self.settled = false;
+            }
+        }
+        if !self.settled && self.polls.is_multiple_of(POLLS_PER_CLOCK_READ) {
+            link.pull();
+        }
+        let frames = link.frames();
+        if !frames.is_empty() {
+            let now = Instant::now();
+            for frame in frames {
+                actions.extend(self.core.handle(frame, now));
+            }
+            self.settled = false;
+        }
+        if !self.settled {
+            self.polls = self.polls.wrapping_add(1);
+            if self.polls.is_multiple_of(POLLS_PER_CLOCK_READ) || !actions.is_empty() {
+                let now = Instant::now();
+                if self.recovery {
+                    actions.extend(self.core.tick(now));
+                }
+                actions.extend(self.drains_due(now));
+                let overdue = self.core.overdue(now);
+                if !overdue.is_empty() {
+                    return Err(gave_up(ctx, &self.peer, &overdue));
+                }
+                self.settled = actions.is_empty()
+                    && self.at_home()
+                    && self.draining.iter().all(Option::is_none);
+            }
+        }
+        Ok(actions)
+    }
+
+    /// Every lane is up on its home route.
+    fn at_home(&self) -> bool {
+        (0..self.layout.nqps).all(|lane| {
+            self.core.is_up(lane) && self.core.route(lane) == Route::home(&self.layout, lane)
+        })
+    }
+
+    /// A work completion on `lane` failed with `status`, or was a drain marker. Returns the
+    /// core's actions; nothing for a lane already down (its QP's requests are flushed).
+    pub(super) fn failed_completion(
+        &mut self,
+        lane: usize,
+        wr_id: u64,
+        status: u32,
+    ) -> Vec<Action> {
+        match wr_id & !WR_INDEX_MASK {
+            WR_LANE_DRAIN => return self.marker_done(lane, false),
+            WR_LANE_DRAIN_RECV => return self.marker_done(lane, true),
+            _ => {}
+        }
+        if !self.core.is_up(lane) {
+            return Vec::new();
+        }
+        tracing::info!(
+            "NET/{PLUGIN_NAME}: lane {lane}: a work completion failed (status {status}): moving it"
+        );
+        self.settled = false;
+        self.core
+            .broken(lane, Cause::Completion(status), Instant::now())
+    }
+
+    /// Move lane `lane`'s QP to ERR and post its drain markers (two: send and receive queue).
+    pub(super) fn flush(&mut self, qps: &QpSet, lane: usize) -> Result<()> {
+        let qp = qps.qp(lane);
+        qp.to_error()?;
+        qp.post_drain_markers(
+            WR_LANE_DRAIN | lane as u64,
+            WR_LANE_DRAIN_RECV | lane as u64,
+        )?;
+        self.draining[lane] = Some(Drain {
+            send_done: None,
+            receive_done: false,
+        });
+        Ok(())
+    }
+
+    /// Whether `lane`'s old QP is still draining.
+    pub(super) fn draining(&self, lane: usize) -> bool {
+        self.draining.get(lane).is_some_and(Option::is_some)
+    }
+
+    /// A drain marker of `lane` completed (`receive`: the receive queue's).
+    fn marker_done(&mut self, lane: usize, receive: bool) -> Vec<Action> {
+        let Some(Some(d)) = self.draining.get_mut(lane) else {
+            return Vec::new();
+        };
+        if receive {
+            d.receive_done = true;
+        } else {
+            d.send_done = Some(Instant::now());
+        }
+        if d.send_done.is_none() || !d.receive_done {
+            return Vec::new();
+        }
+        self.drained(lane)
+    }
+
+    /// Drains whose send queue is done and whose receive queue had its grace.
+    fn drains_due(&mut self, now: Instant) -> Vec<Action> {
+        let due: Vec<usize> = (0..self.draining.len())
+            .filter(|&lane| {
+                self.draining[lane].is_some_and(|d| {
+                    d.send_done
+                        .is_some_and(|at| now.saturating_duration_since(at) >= RECEIVE_GRACE)
+                })
+            })
+            .collect();
+        due.into_iter()
+            .flat_map(|lane| self.drained(lane))
+            .collect()
+    }
+
+    fn drained(&mut self, lane: usize) -> Vec<Action> {
+        self.draining[lane] = None;
+        // Actions that waited for this lane.
+        let (ready, rest): (Vec<Action>, Vec<Action>) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|a| action_lane(a) == Some(lane));
+        self.deferred = rest;
+        let mut actions = self.core.drained(lane);
+        actions.extend(ready);
+        actions
+    }
+
+    /// Keep `action` until `lane`'s old QP is drained.
+    pub(super) fn defer(&mut self, action: Action) {
+        self.deferred.push(action);
+    }
+}
+
+impl Failover<LeadRepair> {
+    /// The receiving side's failover for a connection of `layout` with the peer's `members`.
+    pub(super) fn lead(ctx: &DeviceContext, layout: Layout, peer: Vec<Endpoint>) -> Self {
+        let budget = retry_budget(ctx.config.ib_timeout, ctx.config.retry_cnt);
+        Self::with(LeadRepair::new(layout, budget), ctx, layout, peer)
+    }
+}
+
+impl Failover<FollowRepair> {
+    /// The sending side's failover for a connection of `layout` with the peer's `members`.
+    pub(super) fn follow(ctx: &DeviceContext, layout: Layout, peer: Vec<Endpoint>) -> Self {
+        let budget = retry_budget(ctx.config.ib_timeout, ctx.config.retry_cnt) + SENDER_GRACE;
+        Self::with(FollowRepair::new(layout, budget), ctx, layout, peer)
+    }
+}
+
+fn action_lane(a: &Action) -> Option<usize> {
+    match *a {
+        Action::Flush { lane }
+        | Action::Create { lane, .. }
+        | Action::Discard { lane }
+        | Action::Connect { lane, .. }
+        | Action::Resume { lane, .. }
+        | Action::Replay { lane, .. } => Some(lane),
+        Action::Send(_) => None,
+    }
+}
+
+/// The comm's error once lanes stayed down past the budget: every port of both sides that is
+/// down, and why each lane went down.
+fn gave_up(ctx: &DeviceContext, peer: &[Endpoint], overdue: &[GaveUp]) -> Error {
+    let mut down = Vec::new();
+    let health = overdue[0].health;
+    for (m, port) in ctx.ports.iter().enumerate() {
+        if health.local_down & (1 << m) != 0 {
+            down.push(format!("{}:{} (here)", port.name(), port.port_num()));
+        }
+    }
+    for (m, ep) in peer.iter().enumerate() {
+        if health.remote_down & (1 << m) != 0 {
+            down.push(format!("{}:{} (peer)", ep.device, ep.port));
+        }
+    }
+    let lanes: Vec<String> = overdue
+        .iter()
+        .map(|g| {
+            let local = ctx.ports.get(usize::from(g.route.local));
+            let remote = peer.get(usize::from(g.route.remote));
+            format!(
+                "lane {} ({}:{} to {}:{}) down for {:.1} s: {}",
+                g.lane,
+                local.map_or("?", |p| p.name()),
+                local.map_or(0, |p| p.port_num()),
+                remote.map_or("?", |e| e.device.as_str()),
+                remote.map_or(0, |e| e.port),
+                g.down_for.as_secs_f64(),
+                g.cause
+            )
+        })
+        .collect();
+    let ports = if down.is_empty() {
+        "no port reported down (the path between them fails)".to_owned()
+    } else {
+        format!("ports down: {}", down.join(", "))
+    };
+    Error::new(
+        Kind::Remote,
+        format!(
+            "no member of the connection came back within the retry budget \
+             (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT): {ports}; {}",
+            lanes.join("; ")
+        ),
+    )
+}
+
+/// Log once per process that a peer takes no part in failover, where this side offered it.
+pub(super) fn log_failover(ctx: &DeviceContext, agreed: bool, peer: &Hello, remote: &str) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    if agreed || !ctx.config.port_failover {
+        return;
+    }
+    let why = if peer.failover {
+        "the connection has an eager path"
+    } else {
+        "the peer does not offer it (an earlier version, or NCCL_IB_RESILIENCY_PORT_FAILOVER=0 there)"
+    };
+    ONCE.call_once(|| {
+        tracing::info!(
+            "NET/{PLUGIN_NAME}: no port failover on the connection with {remote}: {why}; a failed \
+             port fails such comms (logged once)"
+        );
+    });
+}
+
+impl SendComm {
+    /// Take what port events and the receiver's frames say, and do what the repairs ask.
+    pub(super) fn tend_failover(&self, st: &mut SendState) -> Result<()> {
+        let (Some(f), Some(link)) = (st.failover.as_deref_mut(), self.link.as_ref()) else {
+            return Ok(());
+        };
+        match f.poll(&self.ctx, link.link()) {
+            Ok(actions) => self.run_actions(st, actions),
+            Err(e) => Err(st.failed.record(e)),
+        }
+    }
+
+    /// Do `actions` and whatever they lead to, in order.
+    pub(super) fn run_actions(&self, st: &mut SendState, actions: Vec<Action>) -> Result<()> {
+        let mut queue: VecDeque<Action> = actions.into();
+        while let Some(a) = queue.pop_front() {
+            match self.run_action(st, a) {
+                Ok(more) => queue.extend(more),
+                Err(e) => return Err(st.failed.record(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn run_action(&self, st: &mut SendState, action: Action) -> Result<Vec<Action>> {
+        tracing::debug!(
+            "NET/{PLUGIN_NAME}: send comm to {}: {action:?}",
+            self.remote
+        );
+        let SendState {
+            proto, failover, ..
+        } = st;
+        let Some(f) = failover.as_deref_mut() else {
+            return Ok(Vec::new());
+        };
+        match action {
+            Action::Flush { lane } => f.flush(&self.qps, lane).map(|()| Vec::new()),
+            Action::Send(frame) => self.send_frame(&frame).map(|()| Vec::new()),
+            Action::Connect {
+                lane,
+                epoch,
+                route,
+                qpn,
+                ..
+            } => {
+                if f.draining(lane) {
+                    f.defer(action);
+                    return Ok(Vec::new());
+                }
+                let made = connect_lane(self, f, lane, route, qpn);
+                let qp = match made {
+                    Ok(qpn) => Some((qpn, 0)),
+                    Err(e) => {
+                        tracing::info!("NET/{PLUGIN_NAME}: lane {lane}: refusing the offer: {e}");
+                        None
+                    }
+                };
+                Ok(f.core.accepted(lane, epoch, qp))
+            }
+            Action::Replay { lane, consumed } => {
+                let route = f.core.route(lane);
+                proto.set_route(lane, usize::from(route.local), usize::from(route.remote));
+                let posts = proto.replay(lane, consumed)?;
+                tracing::debug!(
+                    "NET/{PLUGIN_NAME}: lane {lane} resumed on {}: {} writes again",
+                    self.ctx.ports[usize::from(route.local)].name(),
+                    posts.len()
+                );
+                // SAFETY: the writes carry sends whose requests are not done yet (a send is
+                // done once its lanes' writes completed), which NCCL keeps unchanged.
+                unsafe { self.post(&posts, false, Some(f)) }?;
+                proto.recycle(posts);
+                Ok(Vec::new())
+            }
+            Action::Create { .. } | Action::Discard { .. } | Action::Resume { .. } => {
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    fn send_frame(&self, frame: &Frame) -> Result<()> {
+        match &self.link {
+            Some(link) => link.link().send(frame),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Make lane `lane`'s new QP on `route`'s local member and connect it to the peer's QP `qpn`
+/// on its member; the lane's old QP (drained) goes. Returns the new QP's number.
+fn connect_lane<R: Repair>(
+    comm: &impl LaneOwner,
+    f: &Failover<R>,
+    lane: usize,
+    route: Route,
+    qpn: u32,
+) -> Result<u32> {
+    let (ctx, qps) = (comm.ctx(), comm.qps());
+    let (local, remote) = (usize::from(route.local), usize::from(route.remote));
+    let peer = f.peer.get(remote).ok_or_else(|| {
+        Error::new(
+            Kind::Remote,
+            format!("offer names the peer's member {remote}, which it does not have"),
+        )
+    })?;
+    if ctx
+        .ports
+        .get(local)
+        .is_none_or(|p| p.health.port_down(p.port_num()))
+    {
+        return Err(Error::new(
+            Kind::Remote,
+            format!("member {local} is down here"),
+        ));
+    }
+    let qp = qps.create(ctx, local)?;
+    qps.connect_qp(ctx, &qp, local, (peer, qpn), comm.traffic())?;
+    let number = qp.qpn();
+    drop(qps.replace(lane, qp, (local, remote), ctx.config.batch));
+    Ok(number)
+}
+
+/// What a comm lends [`connect_lane`].
+pub(super) trait LaneOwner {
+    fn ctx(&self) -> &DeviceContext;
+    fn qps(&self) -> &QpSet;
+    fn traffic(&self) -> Traffic;
+}
+
+impl LaneOwner for SendComm {
+    fn ctx(&self) -> &DeviceContext {
+        &self.ctx
+    }
+    fn qps(&self) -> &QpSet {
+        &self.qps
+    }
+    fn traffic(&self) -> Traffic {
+        self.traffic
+    }
+}
+
+impl RecvComm {
+    /// Take what port events and the sender's frames say, and do what the repairs ask.
+    pub(super) fn tend_failover(&self, st: &mut RecvState) -> Result<()> {
+        let (Some(f), Some(link)) = (st.failover.as_deref_mut(), self.link.as_ref()) else {
+            return Ok(());
+        };
+        match f.poll(&self.ctx, link.link()) {
+            Ok(actions) => self.run_actions(st, actions),
+            Err(e) => Err(st.failed.record(e)),
+        }
+    }
+
+    /// Do `actions` and whatever they lead to, in order.
+    pub(super) fn run_actions(&self, st: &mut RecvState, actions: Vec<Action>) -> Result<()> {
+        let mut queue: VecDeque<Action> = actions.into();
+        while let Some(a) = queue.pop_front() {
+            match self.run_action(st, a) {
+                Ok(more) => queue.extend(more),
+                Err(e) => return Err(st.failed.record(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn run_action(&self, st: &mut RecvState, action: Action) -> Result<Vec<Action>> {
+        tracing::debug!(
+            "NET/{PLUGIN_NAME}: recv comm from {}: {action:?}",
+            self.remote
+        );
+        let Some(f) = st.failover.as_deref_mut() else {
+            return Ok(Vec::new());
+        };
+        match action {
+            Action::Flush { lane } => f.flush(&self.qps, lane).map(|()| Vec::new()),
+            Action::Send(frame) => self.send_frame(&frame).map(|()| Vec::new()),
+            Action::Create { lane, epoch, route } => {
+                if f.draining(lane) {
+                    f.defer(action);
+                    return Ok(Vec::new());
+                }
+                let (local, remote) = (usize::from(route.local), usize::from(route.remote));
+                let qp = self.qps.create(&self.ctx, local)?;
+                let qpn = qp.qpn();
+                drop(
+                    self.qps
+                        .replace(lane, qp, (local, remote), self.ctx.config.batch),
+                );
+                Ok(f.core.created(lane, epoch, qpn, 0))
+            }
+            // The lane's QP of a repair that did not happen is replaced by the next one.
+            Action::Discard { .. } | Action::Replay { .. } => Ok(Vec::new()),
+            Action::Connect {
+                lane,
+                epoch,
+                route,
+                qpn,
+                ..
+            } => {
+                let peer = f.peer.get(usize::from(route.remote)).ok_or_else(|| {
+                    Error::new(Kind::Remote, "accept names a member the peer does not have")
+                })?;
+                let qp = self.qps.qp(lane);
+                match self.qps.connect_qp(
+                    &self.ctx,
+                    &qp,
+                    usize::from(route.local),
+                    (peer, qpn),
+                    self.traffic,
+                ) {
+                    Ok(()) => Ok(f.core.connected(lane, epoch)),
+                    Err(e) => {
+                        tracing::info!(
+                            "NET/{PLUGIN_NAME}: lane {lane}: connecting its new QP: {e}"
+                        );
+                        Ok(f.core.broken(lane, Cause::QpFatal, Instant::now()))
+                    }
+                }
+            }
+            Action::Resume { lane, epoch } => {
+                self.resume(st, lane)?;
+                let consumed = st.proto.consumed(lane);
+                let lane_byte = u8::try_from(lane).unwrap_or(u8::MAX);
+                self.send_frame(&Frame::Resume {
+                    lane: lane_byte,
+                    epoch,
+                    consumed,
+                })?;
+                tracing::debug!("NET/{PLUGIN_NAME}: lane {lane} resumed after {consumed} messages");
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    /// Lane `lane`'s new QP is connected: post a receive for every message it still owes, and
+    /// write again the answers that went on it (they may not have landed).
+    fn resume(&self, st: &mut RecvState, lane: usize) -> Result<()> {
+        let slot = self.qps.lanes[lane].read();
+        for _ in 0..st.proto.expecting(lane) {
+            slot.qp.post_recv(WR_RECV)?;
+        }
+        let answers: Vec<(usize, Answer, usize)> = st.proto.answers_on(lane).collect();
+        for (ring_slot, answer, n) in answers {
+            let round = usize::from((answer.seq() / SLOTS as u64) % 2 == 1);
+            let writes = AnswerWrites {
+                slot: ring_slot,
+                staged: round * CTS_RING_BYTES,
+                lkey: self.cts_staging.mr(slot.member).lkey(),
+                rkey: self.remote_ring_rkeys[slot.remote],
+            };
+            let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
+            st.cts_posted += 1;
+            let apart = self.answers_apart(n);
+            // SAFETY: the staged entries of an answer still recorded as its slot's latest are
+            // rewritten only for a later message of that slot, which replaces the record.
+            unsafe { self.submit_answer(&slot.queue, &writes, n, signaled, false, apart) }?;
+        }
+        Ok(())
+    }
+
+    fn send_frame(&self, frame: &Frame) -> Result<()> {
+        match &self.link {
+            Some(link) => link.link().send(frame),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_what_the_hardware_retries_last() {
+        // 4.096 us * 2^20 = 4.29 s per try, 8 tries.
+        let b = retry_budget(20, 7);
+        assert!(
+            b > Duration::from_millis(34_300) && b < Duration::from_millis(34_400),
+            "{b:?}"
+        );
+        // 4.096 us * 2^12 = 16.8 ms, 7 tries.
+        let b = retry_budget(12, 6);
+        assert!(
+            b > Duration::from_millis(117) && b < Duration::from_millis(118),
+            "{b:?}"
+        );
+    }
+}
