@@ -14,6 +14,7 @@ mod held;
 mod listen;
 mod mr;
 mod profile;
+mod quiet_wait;
 mod recv;
 mod send;
 mod watch;
