@@ -12,11 +12,12 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::DeviceContext;
+use super::conn::Failure;
 use super::conn::{CTS_RING_BYTES, CTS_SIGNAL_EVERY, WR_RECV};
 use super::conn::{QpSet, WR_INDEX_MASK};
 use super::recv::{AnswerWrites, RecvComm, RecvState};
 use super::send::{SendComm, SendState};
-use super::watch::PeerLink;
+use super::watch::{PeerLink, Watched};
 use crate::core::config::Traffic;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::{Answer, Layout, SLOTS};
@@ -382,6 +383,52 @@ fn gave_up(ctx: &DeviceContext, peer: &[Endpoint], overdue: &[GaveUp]) -> Error 
     )
 }
 
+/// A comm with failover: where its repairs live in its state, and what each action does on it;
+/// polling and running actions in order are the same on both sides.
+pub(super) trait Repairing: CommParts {
+    /// Do `action` (other than a flush or a frame); returns what it leads to.
+    fn run_action(&self, st: &mut Self::State, action: Action) -> Result<Vec<Action>>;
+
+    /// Take what port events and the peer's frames say, and do what the repairs ask.
+    fn tend_failover(&self, st: &mut Self::State) -> Result<()> {
+        let (Some(f), Some(link)) = (Self::failover(st), self.link()) else {
+            return Ok(());
+        };
+        match f.poll(self.ctx(), link.link()) {
+            Ok(actions) => self.run_actions(st, actions),
+            Err(e) => Err(Self::failure(st).record(e)),
+        }
+    }
+
+    /// Do `actions` and whatever they lead to, in order.
+    fn run_actions(&self, st: &mut Self::State, actions: Vec<Action>) -> Result<()> {
+        let mut queue: VecDeque<Action> = actions.into();
+        while let Some(a) = queue.pop_front() {
+            let done = match a {
+                Action::Flush { lane } => match Self::failover(st) {
+                    Some(f) => f.flush(self.qps(), lane).map(|()| Vec::new()),
+                    None => Ok(Vec::new()),
+                },
+                Action::Send(frame) => self.send_frame(&frame).map(|()| Vec::new()),
+                other => self.run_action(st, other),
+            };
+            match done {
+                Ok(more) => queue.extend(more),
+                Err(e) => return Err(Self::failure(st).record(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Send `frame` to the peer.
+    fn send_frame(&self, frame: &Frame) -> Result<()> {
+        match self.link() {
+            Some(link) => link.link().send(frame),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Log once per process that a peer takes no part in failover, where this side offered it.
 pub(super) fn log_failover(ctx: &DeviceContext, agreed: bool, peer: &Hello, remote: &str) {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -401,30 +448,7 @@ pub(super) fn log_failover(ctx: &DeviceContext, agreed: bool, peer: &Hello, remo
     });
 }
 
-impl SendComm {
-    /// Take what port events and the receiver's frames say, and do what the repairs ask.
-    pub(super) fn tend_failover(&self, st: &mut SendState) -> Result<()> {
-        let (Some(f), Some(link)) = (st.failover.as_deref_mut(), self.link.as_ref()) else {
-            return Ok(());
-        };
-        match f.poll(&self.ctx, link.link()) {
-            Ok(actions) => self.run_actions(st, actions),
-            Err(e) => Err(st.failed.record(e)),
-        }
-    }
-
-    /// Do `actions` and whatever they lead to, in order.
-    pub(super) fn run_actions(&self, st: &mut SendState, actions: Vec<Action>) -> Result<()> {
-        let mut queue: VecDeque<Action> = actions.into();
-        while let Some(a) = queue.pop_front() {
-            match self.run_action(st, a) {
-                Ok(more) => queue.extend(more),
-                Err(e) => return Err(st.failed.record(e)),
-            }
-        }
-        Ok(())
-    }
-
+impl Repairing for SendComm {
     fn run_action(&self, st: &mut SendState, action: Action) -> Result<Vec<Action>> {
         tracing::debug!(
             "NET/{PLUGIN_NAME}: send comm to {}: {action:?}",
@@ -437,8 +461,6 @@ impl SendComm {
             return Ok(Vec::new());
         };
         match action {
-            Action::Flush { lane } => f.flush(&self.qps, lane).map(|()| Vec::new()),
-            Action::Send(frame) => self.send_frame(&frame).map(|()| Vec::new()),
             Action::Connect {
                 lane,
                 epoch,
@@ -475,16 +497,8 @@ impl SendComm {
                 proto.recycle(posts);
                 Ok(Vec::new())
             }
-            Action::Create { .. } | Action::Discard { .. } | Action::Resume { .. } => {
-                Ok(Vec::new())
-            }
-        }
-    }
-
-    fn send_frame(&self, frame: &Frame) -> Result<()> {
-        match &self.link {
-            Some(link) => link.link().send(frame),
-            None => Ok(()),
+            // The receiver's actions; flushes and frames are done by `run_actions`.
+            _ => Ok(Vec::new()),
         }
     }
 }
@@ -492,7 +506,7 @@ impl SendComm {
 /// Make lane `lane`'s new QP on `route`'s local member and connect it to the peer's QP `qpn`
 /// on its member; the lane's old QP (drained) goes. Returns the new QP's number.
 fn connect_lane<R: Repair>(
-    comm: &impl LaneOwner,
+    comm: &impl CommParts,
     f: &Failover<R>,
     lane: usize,
     route: Route,
@@ -523,49 +537,52 @@ fn connect_lane<R: Repair>(
     Ok(number)
 }
 
-/// What a comm lends [`connect_lane`].
-pub(super) trait LaneOwner {
+/// What a comm lends the failover glue: its device, lanes, traffic class and link, and where
+/// its repairs and its failure live in its state.
+pub(super) trait CommParts {
+    type State;
+    type Core: Repair;
+
     fn ctx(&self) -> &DeviceContext;
     fn qps(&self) -> &QpSet;
     fn traffic(&self) -> Traffic;
+    fn link(&self) -> Option<&Watched>;
+    fn failover(st: &mut Self::State) -> Option<&mut Failover<Self::Core>>;
+    fn failure(st: &mut Self::State) -> &mut Failure;
 }
 
-impl LaneOwner for SendComm {
-    fn ctx(&self) -> &DeviceContext {
-        &self.ctx
-    }
-    fn qps(&self) -> &QpSet {
-        &self.qps
-    }
-    fn traffic(&self) -> Traffic {
-        self.traffic
-    }
-}
+macro_rules! comm_parts {
+    ($comm:ty, $state:ty, $core:ty) => {
+        impl CommParts for $comm {
+            type State = $state;
+            type Core = $core;
 
-impl RecvComm {
-    /// Take what port events and the sender's frames say, and do what the repairs ask.
-    pub(super) fn tend_failover(&self, st: &mut RecvState) -> Result<()> {
-        let (Some(f), Some(link)) = (st.failover.as_deref_mut(), self.link.as_ref()) else {
-            return Ok(());
-        };
-        match f.poll(&self.ctx, link.link()) {
-            Ok(actions) => self.run_actions(st, actions),
-            Err(e) => Err(st.failed.record(e)),
-        }
-    }
-
-    /// Do `actions` and whatever they lead to, in order.
-    pub(super) fn run_actions(&self, st: &mut RecvState, actions: Vec<Action>) -> Result<()> {
-        let mut queue: VecDeque<Action> = actions.into();
-        while let Some(a) = queue.pop_front() {
-            match self.run_action(st, a) {
-                Ok(more) => queue.extend(more),
-                Err(e) => return Err(st.failed.record(e)),
+            fn ctx(&self) -> &DeviceContext {
+                &self.ctx
+            }
+            fn qps(&self) -> &QpSet {
+                &self.qps
+            }
+            fn traffic(&self) -> Traffic {
+                self.traffic
+            }
+            fn link(&self) -> Option<&Watched> {
+                self.link.as_ref()
+            }
+            fn failover(st: &mut $state) -> Option<&mut Failover<$core>> {
+                st.failover.as_deref_mut()
+            }
+            fn failure(st: &mut $state) -> &mut Failure {
+                &mut st.failed
             }
         }
-        Ok(())
-    }
+    };
+}
 
+comm_parts!(SendComm, SendState, FollowRepair);
+comm_parts!(RecvComm, RecvState, LeadRepair);
+
+impl Repairing for RecvComm {
     fn run_action(&self, st: &mut RecvState, action: Action) -> Result<Vec<Action>> {
         tracing::debug!(
             "NET/{PLUGIN_NAME}: recv comm from {}: {action:?}",
@@ -575,8 +592,6 @@ impl RecvComm {
             return Ok(Vec::new());
         };
         match action {
-            Action::Flush { lane } => f.flush(&self.qps, lane).map(|()| Vec::new()),
-            Action::Send(frame) => self.send_frame(&frame).map(|()| Vec::new()),
             Action::Create { lane, epoch, route } => {
                 if f.draining(lane) {
                     f.defer(action);
@@ -591,8 +606,6 @@ impl RecvComm {
                 );
                 Ok(f.core.created(lane, epoch, qpn, 0))
             }
-            // The lane's QP of a repair that did not happen is replaced by the next one.
-            Action::Discard { .. } | Action::Replay { .. } => Ok(Vec::new()),
             Action::Connect {
                 lane,
                 epoch,
@@ -632,9 +645,14 @@ impl RecvComm {
                 tracing::debug!("NET/{PLUGIN_NAME}: lane {lane} resumed after {consumed} messages");
                 Ok(Vec::new())
             }
+            // A discarded repair's QP is replaced by the next one; replays are the sender's;
+            // flushes and frames are done by `run_actions`.
+            _ => Ok(Vec::new()),
         }
     }
+}
 
+impl RecvComm {
     /// Lane `lane`'s new QP is connected: post a receive for every message it still owes, and
     /// write again the answers that went on it (they may not have landed).
     fn resume(&self, st: &mut RecvState, lane: usize) -> Result<()> {
@@ -659,13 +677,6 @@ impl RecvComm {
             unsafe { self.submit_answer(&slot.queue, &writes, n, signaled, false, apart) }?;
         }
         Ok(())
-    }
-
-    fn send_frame(&self, frame: &Frame) -> Result<()> {
-        match &self.link {
-            Some(link) => link.link().send(frame),
-            None => Ok(()),
-        }
     }
 }
 

@@ -15,7 +15,7 @@ use super::conn::{
     completion_error, describe_eager, describe_local, describe_remote, failover_agreed,
     local_hello, path_params, quiet_receives,
 };
-use super::failover::{Failover, log_failover};
+use super::failover::{Failover, Repairing, log_failover};
 use super::held::{self, PostQueue};
 use super::mr::MrHandle;
 use super::profile::{Events, Parent, QpEvent};

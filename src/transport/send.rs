@@ -14,7 +14,7 @@ use super::conn::{
     check_alive, check_peer, completion_error, connection_qps, describe_eager, describe_local,
     describe_remote, failover_agreed, local_hello, quiet_receives, random_u64,
 };
-use super::failover::{Failover, log_failover};
+use super::failover::{Failover, Repairing, log_failover};
 use super::held::Builder;
 use super::mr::MrHandle;
 use super::profile::{Events, Parent, QpEvent};

@@ -8,6 +8,7 @@ use std::io::Write;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use super::faults::set_link;
 use super::*;
 
 /// Messages in flight on each side while a path fails.
@@ -15,14 +16,6 @@ const WINDOW: usize = 32;
 const MESSAGE: usize = 64 << 10;
 /// How soon after its port is up again a member must carry traffic.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(5);
-
-fn set_link(dev: &str, state: &str) {
-    let status = Command::new("ip")
-        .args(["link", "set", dev, state])
-        .status()
-        .unwrap();
-    assert!(status.success(), "ip link set {dev} {state}");
-}
 
 /// Post `count` receives of `MESSAGE` bytes, `WINDOW` in flight, and verify each as it
 /// completes (message `i` carries `pattern(i)`); `at(i)` runs after message `i` completed,

@@ -468,7 +468,8 @@ fn unrelated_non_utf8_variable_leaves_init_working(cx: &mut Cx) {
     }
 }
 
-fn set_link(dev: &str, state: &str) {
+/// `ip link set DEV STATE`.
+pub(crate) fn set_link(dev: &str, state: &str) {
     let status = Command::new("ip")
         .args(["link", "set", dev, state])
         .status()
