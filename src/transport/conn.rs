@@ -247,18 +247,18 @@ impl QpSet {
         Ok(qp)
     }
 
-    /// Lane `lane` from now on: `qp` on `member`, towards the peer's `remote`; the old QP is handed back (to be dropped
-    /// once drained).
+    /// Lane `lane` from now on: `qp` on `member`, towards the peer's `remote`. The old QP
+    /// (drained) is destroyed here.
     pub(super) fn replace(
         &self,
         lane: usize,
         qp: QueuePair,
         (member, remote): (usize, usize),
         holds: bool,
-    ) -> Arc<QueuePair> {
-        let mut slot = self.lanes[lane].write();
-        let old = std::mem::replace(&mut *slot, Lane::new(qp, (member, remote), holds));
-        old.qp
+    ) {
+        let new = Lane::new(qp, (member, remote), holds);
+        let old = std::mem::replace(&mut *self.lanes[lane].write(), new);
+        drop(old);
     }
 
     /// Lane `lane`'s QP.

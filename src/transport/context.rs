@@ -97,7 +97,7 @@ impl DeviceContext {
             .ports
             .iter()
             .enumerate()
-            .filter(|(i, p)| *i != m && !p.health.port_down(p.port_num()))
+            .filter(|(i, p)| *i != m && !p.is_down())
             .map(|(_, p)| port(p))
             .collect();
         if others.is_empty() {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::DeviceContext;
 use super::conn::Failure;
-use super::conn::{CTS_RING_BYTES, CTS_SIGNAL_EVERY, WR_RECV};
+use super::conn::{CTS_RING_BYTES, WR_RECV};
 use super::conn::{QpSet, WR_INDEX_MASK};
 use super::recv::{AnswerWrites, RecvComm, RecvState};
 use super::send::{SendComm, SendState};
@@ -168,7 +168,7 @@ impl<R: Repair> Failover<R> {
                 continue;
             }
             self.seen[m] = events;
-            let down = port.health.port_down(port.port_num());
+            let down = port.is_down();
             if down != self.down[m] {
                 self.down[m] = down;
                 ctx.note_member(m, down, events);
@@ -520,11 +520,7 @@ fn connect_lane<R: Repair>(
             format!("offer names the peer's member {remote}, which it does not have"),
         )
     })?;
-    if ctx
-        .ports
-        .get(local)
-        .is_none_or(|p| p.health.port_down(p.port_num()))
-    {
+    if ctx.ports.get(local).is_none_or(|p| p.is_down()) {
         return Err(Error::new(
             Kind::Remote,
             format!("member {local} is down here"),
@@ -533,7 +529,7 @@ fn connect_lane<R: Repair>(
     let qp = qps.create(ctx, local)?;
     qps.connect_qp(ctx, &qp, local, (peer, qpn), comm.traffic())?;
     let number = qp.qpn();
-    drop(qps.replace(lane, qp, (local, remote), ctx.config.batch));
+    qps.replace(lane, qp, (local, remote), ctx.config.batch);
     Ok(number)
 }
 
@@ -600,10 +596,8 @@ impl Repairing for RecvComm {
                 let (local, remote) = (usize::from(route.local), usize::from(route.remote));
                 let qp = self.qps.create(&self.ctx, local)?;
                 let qpn = qp.qpn();
-                drop(
-                    self.qps
-                        .replace(lane, qp, (local, remote), self.ctx.config.batch),
-                );
+                self.qps
+                    .replace(lane, qp, (local, remote), self.ctx.config.batch);
                 Ok(f.core.created(lane, epoch, qpn, 0))
             }
             Action::Connect {
@@ -669,8 +663,7 @@ impl RecvComm {
                 lkey: self.cts_staging.mr(slot.member).lkey(),
                 rkey: self.remote_ring_rkeys[slot.remote],
             };
-            let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
-            st.cts_posted += 1;
+            let signaled = st.next_cts_signaled();
             let apart = self.answers_apart(n);
             // SAFETY: the staged entries of an answer still recorded as its slot's latest are
             // rewritten only for a later message of that slot, which replaces the record.

@@ -222,19 +222,21 @@ impl Drop for PostQueue {
 /// Post what every queue of the process holds (a call other than an `irecv` begins). Costs
 /// one atomic load when nothing is held.
 pub fn flush_all() {
-    if HOLDING.load(Ordering::Acquire) == 0 {
-        return;
-    }
-    flush_registered(None);
+    flush_held(None);
 }
 
 /// As [`flush_all`], but leave what the lanes of `keep` hold (an `irecv` on the comm that owns
 /// them).
 pub(super) fn flush_all_but(keep: &QpSet) {
+    flush_held(Some(keep));
+}
+
+#[inline]
+fn flush_held(keep: Option<&QpSet>) {
     if HOLDING.load(Ordering::Acquire) == 0 {
         return;
     }
-    flush_registered(Some(keep));
+    flush_registered(keep);
 }
 
 #[cold]

@@ -115,6 +115,16 @@ pub(super) struct RecvState {
     pub(super) failover: Option<Box<Failover<LeadRepair>>>,
 }
 
+impl RecvState {
+    /// Count a write into the sender's ring and say whether it is signaled: every
+    /// [`CTS_SIGNAL_EVERY`]th, so the send queue drains.
+    pub(super) fn next_cts_signaled(&mut self) -> bool {
+        let signaled = self.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
+        self.cts_posted += 1;
+        signaled
+    }
+}
+
 /// A connected receive comm.
 #[derive(Debug)]
 pub struct RecvComm {
@@ -414,8 +424,7 @@ impl RecvComm {
     fn write_credit(&self, st: &mut RecvState, credit: u64) -> Result<()> {
         self.cts_staging
             .write(CREDIT_STAGING, &credit.to_le_bytes());
-        let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
-        st.cts_posted += 1;
+        let signaled = st.next_cts_signaled();
         let layout = st.proto.layout();
         // A connection with quiet receives has one QP.
         let wr = WorkRequest {
@@ -477,8 +486,7 @@ impl RecvComm {
             // Written again when the lane is repaired (`RecvSide::answers_on`).
             return Ok(());
         }
-        let signaled = st.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
-        st.cts_posted += 1;
+        let signaled = st.next_cts_signaled();
         let lane = self.qps.lanes[cts.qp].read();
         let answers = AnswerWrites {
             slot: cts.slot,

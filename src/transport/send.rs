@@ -878,16 +878,12 @@ impl SendComm {
     }
 
     fn handle(&self, st: &mut SendState, member: usize, c: &Completion) -> Result<()> {
-        if let Some(f) = st.failover.as_deref_mut() {
+        if !c.is_ok()
+            && let Some(f) = st.failover.as_deref_mut()
+        {
             let lane = self.qps.index_of(member, c.qp_num).unwrap_or(usize::MAX);
-            if !c.is_ok() {
-                let actions = f.failed_completion(lane, c.wr_id, c.status);
-                return self.run_actions(st, actions);
-            }
-            if !f.is_up(lane) {
-                // The receiver's word on what arrived settles it (`Frame::Resume`).
-                return Ok(());
-            }
+            let actions = f.failed_completion(lane, c.wr_id, c.status);
+            return self.run_actions(st, actions);
         }
         if !c.is_ok() {
             let e = completion_error(
@@ -901,8 +897,12 @@ impl SendComm {
             return Err(st.failed.record(e));
         }
         if c.wr_id & !WR_INDEX_MASK == WR_SEND_DONE {
-            st.completed_any = true;
             let qp = self.qps.index_of(member, c.qp_num).unwrap_or(usize::MAX);
+            if st.failover.as_deref().is_some_and(|f| !f.is_up(qp)) {
+                // The receiver's word on what arrived settles it (`Frame::Resume`).
+                return Ok(());
+            }
+            st.completed_any = true;
             if let Err(e) = st.proto.handle_completion(qp) {
                 return Err(st.failed.record(e));
             }
