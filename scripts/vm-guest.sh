@@ -33,11 +33,12 @@ sysctl_on() { # sysctl_on NAME VALUE DEV...
 
 # Routes and neighbours of one veth pair; the kernel drops them when an end goes down, so tests
 # that take a link down call `vm-guest.sh --restore-veth` afterwards.
+# Printed as `ip -batch` lines.
 veth_routes() { # veth_routes END_A END_B ADDRESS_A ADDRESS_B
-  ip route replace "$4/32" dev "$1" src "$3" table 100 &&
-    ip route replace "$3/32" dev "$2" src "$4" table 100 &&
-    ip neigh replace "$4" lladdr "$(cat "/sys/class/net/$2/address")" dev "$1" nud permanent &&
-    ip neigh replace "$3" lladdr "$(cat "/sys/class/net/$1/address")" dev "$2" nud permanent
+  echo "route replace $4/32 dev $1 src $3 table 100"
+  echo "route replace $3/32 dev $2 src $4 table 100"
+  echo "neigh replace $4 lladdr $(cat "/sys/class/net/$2/address") dev $1 nud permanent"
+  echo "neigh replace $3 lladdr $(cat "/sys/class/net/$1/address") dev $2 nud permanent"
 }
 
 setup_veth_pair() { # setup_veth_pair END_A END_B ADDRESS_A ADDRESS_B RULE_PREF
@@ -53,7 +54,7 @@ setup_veth_pair() { # setup_veth_pair END_A END_B ADDRESS_A ADDRESS_B RULE_PREF
     ip rule add pref $((pref + 1)) iif "$2" lookup local &&
     ip rule add pref $((pref + 10)) to "$4" lookup 100 &&
     ip rule add pref $((pref + 11)) to "$3" lookup 100 &&
-    veth_routes "$1" "$2" "$3" "$4"
+    veth_routes "$1" "$2" "$3" "$4" | ip -batch -
 }
 
 remove_veth_pair() { # remove_veth_pair END_A END_B ADDRESS_A ADDRESS_B RULE_PREF
@@ -63,11 +64,17 @@ remove_veth_pair() { # remove_veth_pair END_A END_B ADDRESS_A ADDRESS_B RULE_PRE
 }
 
 if [ "$work" = --restore-veth ]; then
+  # One `ip -batch`: the links come up with their routes and neighbours in the same few
+  # milliseconds, as a network's ARP would find the peer at once (separate commands left a
+  # window of hundreds of ms in the VM in which a QP connected over a link that was up but
+  # had no route yet).
   for pair in "${PAIRS[@]}"; do
     read -r a b ia ib _ <<<"$pair"
     [ -e "/sys/class/net/$a" ] || continue
-    ip link set "$a" up && ip link set "$b" up && veth_routes "$a" "$b" "$ia" "$ib" || exit 1
-  done
+    echo "link set $a up"
+    echo "link set $b up"
+    veth_routes "$a" "$b" "$ia" "$ib"
+  done | ip -batch - || exit 1
   exit
 fi
 

@@ -6,6 +6,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -13,6 +14,7 @@ use super::mr::MrCache;
 use super::watch::DeviceHealth;
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
+use crate::core::repair::Cause;
 use crate::plugin::PLUGIN_NAME;
 use crate::topology::{
     GidEntry, GidPolicy, LinkLayer, NetDevice, PORT_ACTIVE, SysfsRoot, VirtualDevice, choose_gid,
@@ -30,7 +32,14 @@ pub struct DeviceContext {
     /// Per member, the port-event count its last failover line was logged for: one line per
     /// event and device, however many comms see it.
     logged: Vec<AtomicU64>,
+    /// Per member, when its last lost-path line was logged (ms since [`DeviceContext::opened`]).
+    path_logged: Vec<AtomicU64>,
+    opened: Instant,
 }
+
+/// Comms that lose a path over the same member within this long share one WARN line: their
+/// QPs run out of retries at about the same time, one after the other.
+const PATH_LINE_QUIET: Duration = Duration::from_secs(10);
 
 impl DeviceContext {
     /// Open every member of `device`; `relaxed_ordering[i]` says whether member `i`'s data
@@ -55,6 +64,8 @@ impl DeviceContext {
             .collect::<Result<Vec<_>>>()?;
         Ok(Arc::new(Self {
             logged: ports.iter().map(|_| AtomicU64::new(u64::MAX)).collect(),
+            path_logged: ports.iter().map(|_| AtomicU64::new(u64::MAX)).collect(),
+            opened: Instant::now(),
             ports,
             config: config.clone(),
         }))
@@ -84,36 +95,65 @@ impl DeviceContext {
         if logged.swap(events, Ordering::AcqRel) == events {
             return;
         }
-        let port = |p: &PortContext| format!("{}:{}", p.name(), p.port_num());
-        let member = port(&self.ports[m]);
-        if !down {
+        let member = self.ports[m].label();
+        if down {
+            tracing::warn!(
+                "NET/{PLUGIN_NAME}: {}: member {member} went down (port event){}",
+                self.name(),
+                self.what_carries_on(m)
+            );
+        } else {
             tracing::info!(
                 "NET/{PLUGIN_NAME}: {}: member {member} is active again: its connections use it again",
                 self.name()
             );
+        }
+    }
+
+    /// Log that a connection's path from member `m` to the peer's `peer` failed for `cause` (its
+    /// port stays up): one WARN per member and device, however many comms lose such a path
+    /// within [`PATH_LINE_QUIET`].
+    pub(super) fn note_path_lost(&self, m: usize, peer: &str, cause: Cause) {
+        let Some(last) = self.path_logged.get(m) else {
+            return;
+        };
+        if self.ports[m].is_down() {
+            // Its port event says it (`note_member`).
             return;
         }
+        let now = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        let before = last.load(Ordering::Acquire);
+        let quiet = u64::try_from(PATH_LINE_QUIET.as_millis()).unwrap_or(u64::MAX);
+        if (before != u64::MAX && now.saturating_sub(before) < quiet)
+            || last
+                .compare_exchange(before, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        tracing::warn!(
+            "NET/{PLUGIN_NAME}: {}: member {} lost its path to {peer} ({cause}){}",
+            self.name(),
+            self.ports[m].label(),
+            self.what_carries_on(m)
+        );
+    }
+
+    /// What becomes of member `m`'s connections, for the lines above.
+    fn what_carries_on(&self, m: usize) -> String {
         let others: Vec<String> = self
             .ports
             .iter()
             .enumerate()
             .filter(|(i, p)| *i != m && !p.is_down())
-            .map(|(_, p)| port(p))
+            .map(|(_, p)| p.label())
             .collect();
         if others.is_empty() {
-            tracing::warn!(
-                "NET/{PLUGIN_NAME}: {}: member {member} went down (port event) and no member is \
-                 left: its connections wait for one to come back, up to the retry budget \
-                 (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT)",
-                self.name()
-            );
+            ": no member is left: its connections wait for one to come back, up to the retry \
+             budget (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT)"
+                .to_owned()
         } else {
-            tracing::warn!(
-                "NET/{PLUGIN_NAME}: {}: member {member} went down (port event): its connections \
-                 carry on over {}",
-                self.name(),
-                others.join(", ")
-            );
+            format!(": its connections carry on over {}", others.join(", "))
         }
     }
 
@@ -315,6 +355,11 @@ impl PortContext {
     /// The port number as verbs wants it.
     pub(super) fn port_num(&self) -> u8 {
         u8::try_from(self.net.port).unwrap_or(1)
+    }
+
+    /// `"rxe3:1"`: device and port, as the log names a member.
+    pub(super) fn label(&self) -> String {
+        format!("{}:{}", self.name(), self.port_num())
     }
 }
 

@@ -21,7 +21,9 @@ use super::watch::{PeerLink, Watched};
 use crate::core::config::Traffic;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::{Answer, Layout, SLOTS};
-use crate::core::repair::{Action, Cause, FollowRepair, Frame, GaveUp, LeadRepair, Route};
+use crate::core::repair::{
+    Action, Cause, FollowRepair, Frame, GaveUp, Health, LaneSet, LeadRepair, MemberSet, Route,
+};
 use crate::core::wire::{Endpoint, Hello};
 use crate::plugin::PLUGIN_NAME;
 
@@ -38,16 +40,13 @@ pub(super) fn retry_budget(ib_timeout: u8, retry_cnt: u8) -> Duration {
     one.saturating_mul(u32::from(retry_cnt) + 1)
 }
 
-/// The sender gives up a little after the receiver, which decides first (its error names the
-/// ports; the sender's would only say the receiver stopped answering).
-const SENDER_GRACE: Duration = Duration::from_secs(5);
-
 /// What both sides' repairs offer the glue.
 pub(super) trait Repair {
     fn is_up(&self, lane: usize) -> bool;
     /// `lane`'s old QP is drained (the receiver plans where the lane goes).
     fn drained(&mut self, lane: usize) -> Vec<Action>;
     fn route(&self, lane: usize) -> Route;
+    fn health(&self) -> Health;
     fn broken(&mut self, lane: usize, cause: Cause, now: Instant) -> Vec<Action>;
     fn local_member(&mut self, m: u8, down: bool, now: Instant) -> Vec<Action>;
     fn handle(&mut self, frame: Frame, now: Instant) -> Vec<Action>;
@@ -68,6 +67,9 @@ macro_rules! repair_of {
             }
             fn route(&self, lane: usize) -> Route {
                 Self::route(self, lane)
+            }
+            fn health(&self) -> Health {
+                Self::health(self)
             }
             fn broken(&mut self, lane: usize, cause: Cause, now: Instant) -> Vec<Action> {
                 Self::broken(self, lane, cause, now)
@@ -100,6 +102,8 @@ pub(super) struct Failover<R> {
     seen: Vec<u64>,
     /// Per member, whether the core was told it is down.
     down: Vec<bool>,
+    /// Per member, the device's count of failed QPs when last looked at.
+    seen_qp_failures: Vec<u64>,
     /// Per lane, the drain of its old QP, while one runs.
     draining: Vec<Option<Drain>>,
     /// The peer's members, to connect new QPs to.
@@ -140,6 +144,8 @@ impl<R: Repair> Failover<R> {
             // A member already down when the connection was made is seen at the first poll.
             seen: vec![u64::MAX; ctx.ports.len()],
             down: vec![false; ctx.ports.len()],
+            // Only QPs that fail from now on can be this connection's.
+            seen_qp_failures: ctx.ports.iter().map(|p| p.health.qp_failures()).collect(),
             draining: vec![None; layout.nqps],
             peer,
             deferred: Vec::new(),
@@ -156,13 +162,28 @@ impl<R: Repair> Failover<R> {
         self.core.is_up(lane)
     }
 
-    /// What changed since the last call: members that went down or came back (port events),
-    /// frames from the peer; and, while not every lane is up at home, every
-    /// [`POLLS_PER_CLOCK_READ`]th call, lanes due home and lanes down for too long (an error
-    /// naming every port). Returns the core's actions.
-    pub(super) fn poll(&mut self, ctx: &DeviceContext, link: &PeerLink) -> Result<Vec<Action>> {
+    /// What changed since the last call: QPs of the connection that failed, members that went
+    /// down or came back (port events), frames from the peer; and, while not every lane is up
+    /// at home, every [`POLLS_PER_CLOCK_READ`]th call, lanes due home and lanes down for too
+    /// long (an error naming every port). Returns the core's actions.
+    pub(super) fn poll(
+        &mut self,
+        ctx: &DeviceContext,
+        link: &PeerLink,
+        qps: &QpSet,
+    ) -> Result<Vec<Action>> {
         let mut actions = Vec::new();
         for (m, port) in ctx.ports.iter().enumerate() {
+            if port.health.qp_failures() != self.seen_qp_failures[m] {
+                let (failed, count) = port.health.failed_qps_since(self.seen_qp_failures[m]);
+                self.seen_qp_failures[m] = count;
+                let now = Instant::now();
+                for lane in failed.iter().filter_map(|&qpn| qps.index_of(m, qpn)) {
+                    tracing::info!("NET/{PLUGIN_NAME}: lane {lane}: its QP failed: moving it");
+                    actions.extend(self.core.broken(lane, Cause::QpFatal, now));
+                    self.settled = false;
+                }
+            }
             let events = port.health.port_events();
             if events == self.seen[m] {
                 continue;
@@ -184,6 +205,9 @@ impl<R: Repair> Failover<R> {
         if !frames.is_empty() {
             let now = Instant::now();
             for frame in frames {
+                if let Frame::Broken { lanes, down } = frame {
+                    self.note_peer_lost(ctx, lanes, down);
+                }
                 actions.extend(self.core.handle(frame, now));
             }
             self.settled = false;
@@ -208,6 +232,30 @@ impl<R: Repair> Failover<R> {
         Ok(actions)
     }
 
+    /// The peer found `lanes` broken while its members `down` were down: a lane that is up here
+    /// and whose peer member is up there lost its path (the peer's completions failed), which
+    /// this side's port events cannot show: log it as a path loss. A lane away from home whose
+    /// home members are up is being moved home, not lost.
+    fn note_peer_lost(&self, ctx: &DeviceContext, lanes: LaneSet, down: MemberSet) {
+        for lane in (0..self.layout.nqps).filter(|&l| lanes & (1 << l) != 0) {
+            let route = self.core.route(lane);
+            let home = Route::home(&self.layout, lane);
+            let moving_home = route != home && self.core.health().allows(home);
+            if !self.core.is_up(lane) || down & (1 << route.remote) != 0 || moving_home {
+                continue;
+            }
+            self.note_path_lost(ctx, route, Cause::Peer);
+        }
+    }
+
+    /// Log that `route` failed for `cause` while both its ports stay up.
+    fn note_path_lost(&self, ctx: &DeviceContext, route: Route, cause: Cause) {
+        if let Some(peer) = self.peer.get(usize::from(route.remote)) {
+            let peer = format!("{}:{}", peer.device, peer.port);
+            ctx.note_path_lost(usize::from(route.local), &peer, cause);
+        }
+    }
+
     /// Every lane is up on its home route.
     fn at_home(&self) -> bool {
         (0..self.layout.nqps).all(|lane| {
@@ -219,6 +267,7 @@ impl<R: Repair> Failover<R> {
     /// core's actions; nothing for a lane already down (its QP's requests are flushed).
     pub(super) fn failed_completion(
         &mut self,
+        ctx: &DeviceContext,
         lane: usize,
         wr_id: u64,
         status: u32,
@@ -234,9 +283,10 @@ impl<R: Repair> Failover<R> {
         tracing::info!(
             "NET/{PLUGIN_NAME}: lane {lane}: a work completion failed (status {status}): moving it"
         );
+        let cause = Cause::Completion(status);
+        self.note_path_lost(ctx, self.core.route(lane), cause);
         self.settled = false;
-        self.core
-            .broken(lane, Cause::Completion(status), Instant::now())
+        self.core.broken(lane, cause, Instant::now())
     }
 
     /// Move lane `lane`'s QP to ERR and post its drain markers (two: send and receive queue).
@@ -319,7 +369,7 @@ impl Failover<LeadRepair> {
 impl Failover<FollowRepair> {
     /// The sending side's failover for a connection of `layout` with the peer's `members`.
     pub(super) fn follow(ctx: &DeviceContext, layout: Layout, peer: Vec<Endpoint>) -> Self {
-        let budget = retry_budget(ctx.config.ib_timeout, ctx.config.retry_cnt) + SENDER_GRACE;
+        let budget = retry_budget(ctx.config.ib_timeout, ctx.config.retry_cnt);
         Self::with(FollowRepair::new(layout, budget), ctx, layout, peer)
     }
 }
@@ -343,7 +393,7 @@ fn gave_up(ctx: &DeviceContext, peer: &[Endpoint], overdue: &[GaveUp]) -> Error 
     let health = overdue[0].health;
     for (m, port) in ctx.ports.iter().enumerate() {
         if health.local_down & (1 << m) != 0 {
-            down.push(format!("{}:{} (here)", port.name(), port.port_num()));
+            down.push(format!("{} (here)", port.label()));
         }
     }
     for (m, ep) in peer.iter().enumerate() {
@@ -394,7 +444,7 @@ pub(super) trait Repairing: CommParts {
         let (Some(f), Some(link)) = (Self::failover(st), self.link()) else {
             return Ok(());
         };
-        match f.poll(self.ctx(), link.link()) {
+        match f.poll(self.ctx(), link.link(), self.qps()) {
             Ok(actions) => self.run_actions(st, actions),
             Err(e) => Err(Self::failure(st).record(e)),
         }

@@ -786,7 +786,7 @@ impl RecvComm {
             let Some(lane) = self.qps.index_of(member, c.qp_num) else {
                 return Ok(());
             };
-            let actions = f.failed_completion(lane, c.wr_id, c.status);
+            let actions = f.failed_completion(&self.ctx, lane, c.wr_id, c.status);
             return self.run_actions(st, actions);
         }
         if !c.is_ok() {

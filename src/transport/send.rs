@@ -882,7 +882,7 @@ impl SendComm {
             && let Some(f) = st.failover.as_deref_mut()
         {
             let lane = self.qps.index_of(member, c.qp_num).unwrap_or(usize::MAX);
-            let actions = f.failed_completion(lane, c.wr_id, c.status);
+            let actions = f.failed_completion(&self.ctx, lane, c.wr_id, c.status);
             return self.run_actions(st, actions);
         }
         if !c.is_ok() {

@@ -348,7 +348,40 @@ pub struct DeviceHealth {
     ports_down: AtomicU64,
     /// How many port events the device reported: a comm that saw another count looks again.
     port_events: AtomicU64,
+    /// QPs the device reported failed (`IBV_EVENT_QP_FATAL` and the like).
+    failed_qps: Mutex<FailedQps>,
+    /// How many QPs it reported failed: a comm that saw another count looks at the list.
+    qp_failures: AtomicU64,
 }
+
+/// The numbers of the latest QPs a device reported failed, [`FAILED_QPS`] at most, and how
+/// many it reported in all.
+#[derive(Debug, Default)]
+struct FailedQps {
+    latest: std::collections::VecDeque<u32>,
+    count: u64,
+}
+
+impl FailedQps {
+    fn record(&mut self, qpn: u32) {
+        if self.latest.len() == FAILED_QPS {
+            self.latest.pop_front();
+        }
+        self.latest.push_back(qpn);
+        self.count += 1;
+    }
+
+    /// Those reported after the first `seen` (the latest [`FAILED_QPS`] at most), and the
+    /// count to remember.
+    fn since(&self, seen: u64) -> (Vec<u32>, u64) {
+        let new = usize::try_from(self.count.saturating_sub(seen)).unwrap_or(usize::MAX);
+        let skip = self.latest.len().saturating_sub(new);
+        (self.latest.iter().skip(skip).copied().collect(), self.count)
+    }
+}
+
+/// How many failed QP numbers a device keeps: more than the comms could miss between two polls.
+const FAILED_QPS: usize = 64;
 
 impl DeviceHealth {
     /// Watch `device`'s asynchronous events. With `fail_on_fatal` (`NCCL_IB_RETURN_ASYNC_EVENTS`)
@@ -367,6 +400,8 @@ impl DeviceHealth {
             gid_changes: AtomicU64::new(0),
             ports_down: AtomicU64::new(0),
             port_events: AtomicU64::new(0),
+            failed_qps: Mutex::default(),
+            qp_failures: AtomicU64::new(0),
         });
         let key = Watcher::get()?.register(fd, Target::Device(Arc::clone(&health)))?;
         health.key.store(key, Ordering::Release);
@@ -388,6 +423,24 @@ impl DeviceHealth {
     /// Whether `port`'s latest event said it went down.
     pub fn port_down(&self, port: u8) -> bool {
         self.ports_down.load(Ordering::Acquire) & port_bit(u32::from(port)) != 0
+    }
+
+    /// How many QPs the device reported failed so far.
+    #[inline]
+    pub fn qp_failures(&self) -> u64 {
+        self.qp_failures.load(Ordering::Acquire)
+    }
+
+    /// The QPs reported failed after the first `seen` (the latest [`FAILED_QPS`] at most), and
+    /// the count to remember.
+    pub fn failed_qps_since(&self, seen: u64) -> (Vec<u32>, u64) {
+        self.failed_qps.lock().since(seen)
+    }
+
+    fn qp_failed(&self, qpn: u32) {
+        let mut list = self.failed_qps.lock();
+        list.record(qpn);
+        self.qp_failures.store(list.count, Ordering::Release);
     }
 
     fn port_event(&self, port: u32, down: bool) {
@@ -466,7 +519,14 @@ impl DeviceHealth {
                          before keep theirs"
                     );
                 }
-                AsyncEvent::QueueFatal(what) => tracing::warn!(
+                AsyncEvent::QpFatal(what, qpn) => {
+                    self.qp_failed(qpn);
+                    tracing::warn!(
+                        "NET/{PLUGIN_NAME}: {name}: {what} on QP {qpn}: a comm with port failover \
+                         moves the lane to another QP, any other reports it at its next call"
+                    );
+                }
+                AsyncEvent::CqFatal(what) => tracing::warn!(
                     "NET/{PLUGIN_NAME}: {name}: {what}: the affected comm reports it at its next call"
                 ),
                 AsyncEvent::Other(what) => tracing::debug!("NET/{PLUGIN_NAME}: {name}: {what}"),
@@ -767,6 +827,30 @@ impl Watcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_comm_sees_each_failed_qp_once_and_only_the_latest_when_far_behind() {
+        let mut failed = FailedQps::default();
+        let (none, seen) = failed.since(0);
+        assert!(none.is_empty());
+        failed.record(7);
+        failed.record(9);
+        let (new, seen) = failed.since(seen);
+        assert_eq!((new, seen), (vec![7, 9], 2));
+        assert!(failed.since(seen).0.is_empty(), "nothing new");
+        failed.record(11);
+        assert_eq!(failed.since(seen), (vec![11], 3));
+        for qpn in 100..200 {
+            failed.record(qpn);
+        }
+        let (new, seen) = failed.since(3);
+        assert_eq!(
+            new,
+            (136..200).collect::<Vec<u32>>(),
+            "the latest {FAILED_QPS}"
+        );
+        assert_eq!(seen, 103);
+    }
 
     #[test]
     fn ticks_stretch_while_clients_poll_and_shrink_when_one_is_away() {

@@ -139,8 +139,11 @@ pub enum AsyncEvent {
     PortUp(u32),
     /// A port's GID table changed (`IBV_EVENT_GID_CHANGE`): an address moved.
     GidChange(u32),
-    /// A QP or CQ failed (`IBV_EVENT_QP_FATAL`, `QP_REQ_ERR`, `QP_ACCESS_ERR`, `CQ_ERR`).
-    QueueFatal(String),
+    /// A QP failed (`IBV_EVENT_QP_FATAL`, `QP_REQ_ERR`, `QP_ACCESS_ERR`): the event's name and
+    /// the QP's number.
+    QpFatal(String, u32),
+    /// A CQ failed (`IBV_EVENT_CQ_ERR`).
+    CqFatal(String),
     /// Anything else, by libibverbs' name.
     Other(String),
 }
@@ -184,10 +187,19 @@ impl Device {
             IBV_EVENT_PORT_ERR => AsyncEvent::PortDown(port()),
             IBV_EVENT_PORT_ACTIVE => AsyncEvent::PortUp(port()),
             IBV_EVENT_GID_CHANGE => AsyncEvent::GidChange(port()),
-            IBV_EVENT_QP_FATAL
-            | IBV_EVENT_QP_REQ_ERR
-            | IBV_EVENT_QP_ACCESS_ERR
-            | IBV_EVENT_CQ_ERR => AsyncEvent::QueueFatal(event_name(kind)),
+            IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR => {
+                // SAFETY: for QP events the union holds the QP, alive until the event is
+                // acknowledged below.
+                let qp = unsafe { event.element.qp };
+                let qpn = if qp.is_null() {
+                    0
+                } else {
+                    // SAFETY: as above; checked for NULL.
+                    unsafe { (*qp).qp_num }
+                };
+                AsyncEvent::QpFatal(event_name(kind), qpn)
+            }
+            IBV_EVENT_CQ_ERR => AsyncEvent::CqFatal(event_name(kind)),
             other => AsyncEvent::Other(event_name(other)),
         };
         // SAFETY: every event from ibv_get_async_event is acknowledged exactly once; destroying

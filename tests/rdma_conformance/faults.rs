@@ -468,6 +468,17 @@ fn unrelated_non_utf8_variable_leaves_init_working(cx: &mut Cx) {
     }
 }
 
+/// Every veth end up, with its routes and neighbours back (the kernel drops them when an end
+/// goes down; on a real network ARP would find the peer again).
+pub(crate) fn restore_veth() {
+    let restore = Command::new("bash")
+        .arg(crate::support::repo_root().join("scripts/vm-guest.sh"))
+        .arg("--restore-veth")
+        .status()
+        .unwrap();
+    assert!(restore.success(), "vm-guest.sh --restore-veth");
+}
+
 /// `ip link set DEV STATE`.
 pub(crate) fn set_link(dev: &str, state: &str) {
     let status = Command::new("ip")
@@ -522,12 +533,7 @@ fn netdev_down_under_a_fused_member(cx: &mut Cx) {
         cx.net.close_recv(rc);
         cx.net.dereg_mr(std::ptr::null_mut(), mh);
         let _sender_done = cx.peer();
-        let restore = Command::new("bash")
-            .arg(crate::support::repo_root().join("scripts/vm-guest.sh"))
-            .arg("--restore-veth")
-            .status()
-            .unwrap();
-        assert!(restore.success(), "restoring the veth pair");
+        restore_veth();
         assert_eq!(
             resource_counts(),
             baseline,

@@ -296,6 +296,10 @@ const REG_SHIM: (&str, &str) = ("RSIB_REG_SHIM", "1");
 /// rxe3/rxe4) before its ranks start and removes it after they end.
 const SECOND_PATH: (&str, &str) = ("RSIB_SECOND_PATH", "1");
 
+/// In a scenario's environment, `"rxe1,rxe3"`: each rank fuses those ports with `makeVDevice`
+/// (v9 and later) and uses the new device.
+const VDEVICE: &str = "RSIB_TEST_VDEVICE";
+
 /// `(NON_UTF8, NAME)` in a scenario's environment sets the variable NAME to the bytes `ff fe`.
 const NON_UTF8: &str = "RSIB_NON_UTF8";
 
@@ -322,6 +326,7 @@ fn scenarios() -> impl Iterator<Item = &'static Scenario> {
         .chain(connections::SCENARIOS)
         .chain(faults::SCENARIOS)
         .chain(failover::SCENARIOS)
+        .chain(failover::ONCE)
         .chain(versions::SCENARIOS)
         .chain(eager::SCENARIOS)
         .chain(batch::SCENARIOS)
@@ -347,8 +352,9 @@ fn runs() -> Vec<(String, &'static Scenario, Option<u8>)> {
         })
         .collect();
     runs.extend(
-        versions::SCENARIOS
+        failover::ONCE
             .iter()
+            .chain(versions::SCENARIOS)
             .chain(eager::SCENARIOS)
             .chain(batch::SCENARIOS)
             .map(|s| (s.name.to_owned(), s, None)),
@@ -374,7 +380,16 @@ fn child(name: &str, rank: usize, ranks: usize) {
         .find(|s| s.name == name)
         .unwrap_or_else(|| panic!("no scenario {name}"));
     let net = Net::load(&support::plugin_path());
-    let dev = net.device_named(&std::env::var("RSIB_TEST_DEV").unwrap_or_else(|_| "rxe0".into()));
+    let dev = match std::env::var(VDEVICE) {
+        // As NCCL does on v9 and later: fuse the ports itself.
+        Ok(ports) => {
+            let members: Vec<i32> = ports.split(',').map(|p| net.device_named(p)).collect();
+            net.0.make_vdevice(&members).expect("makeVDevice")
+        }
+        Err(_) => {
+            net.device_named(&std::env::var("RSIB_TEST_DEV").unwrap_or_else(|_| "rxe0".into()))
+        }
+    };
     let (handle, lc) = net.listen(dev);
     println!("HANDLE {}", hex(&handle));
     println!("DEVICE {}", net.device_name(dev));

@@ -36,6 +36,12 @@ impl LaneState for Follow {
         }
     }
 
+    /// The sender cannot tell a wait for a member from a repair the receiver has not offered
+    /// yet: it allows both as long as the receiver would, and [`SENDER_GRACE`] more.
+    fn waiting(&self) -> bool {
+        false
+    }
+
     fn route(&self) -> Route {
         match *self {
             Self::Up(route)
@@ -53,11 +59,11 @@ pub struct FollowRepair {
 }
 
 impl FollowRepair {
-    /// Every lane up on its home route; a lane down for longer than `budget` fails the comm
-    /// (give it the receiver's budget and some more: the receiver decides first).
+    /// Every lane up on its home route; a lane down for longer than the receiver would allow
+    /// with the same `budget`, and [`SENDER_GRACE`] more, fails the comm.
     pub fn new(layout: Layout, budget: Duration) -> Self {
         Self {
-            lanes: Lanes::new(layout, budget, Follow::Up),
+            lanes: Lanes::new(layout, budget, SENDER_GRACE, Follow::Up),
         }
     }
 
@@ -75,6 +81,11 @@ impl FollowRepair {
     /// The route of `lane`'s current QP.
     pub fn route(&self, lane: usize) -> Route {
         self.lanes.route(lane)
+    }
+
+    /// What both sides' members look like, as this side knows.
+    pub fn health(&self) -> Health {
+        self.lanes.health
     }
 
     /// `lane`'s QP failed for `cause`: flush it and tell the receiver.

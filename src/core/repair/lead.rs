@@ -48,6 +48,10 @@ impl LaneState for Lead {
         }
     }
 
+    fn waiting(&self) -> bool {
+        matches!(self, Self::Waiting { .. })
+    }
+
     fn route(&self) -> Route {
         match *self {
             Self::Up(route)
@@ -69,16 +73,23 @@ pub struct LeadRepair {
     tried: Vec<RouteSet>,
     /// When each member of this side and of the peer last came back (`None`: never down).
     back_since: [[Option<Instant>; 8]; 2],
+    /// Per lane, whether it left a home route whose members were all up (a path that lost its
+    /// packets, a QP that failed): nothing says when that route works again, and trying it costs
+    /// the stream the whole retry budget, so the lane stays away until a home member goes down
+    /// and comes back.
+    pub(super) stranded: Vec<bool>,
 }
 
 impl LeadRepair {
-    /// Every lane up on its home route; a lane down for longer than `budget` fails the comm.
+    /// Every lane up on its home route; a lane that waits for a member longer than `budget`
+    /// (or whose repair takes longer than [`REPAIR_LIMIT`]) fails the comm.
     pub fn new(layout: Layout, budget: Duration) -> Self {
         Self {
-            lanes: Lanes::new(layout, budget, Lead::Up),
+            lanes: Lanes::new(layout, budget, Duration::ZERO, Lead::Up),
             epochs: vec![0; layout.nqps],
             tried: vec![0; layout.nqps],
             back_since: [[None; 8]; 2],
+            stranded: vec![false; layout.nqps],
         }
     }
 
@@ -139,6 +150,9 @@ impl LeadRepair {
     fn plan(&mut self, lane: usize, since: Instant, failed: Route) -> Vec<Action> {
         if self.lanes.causes[lane] != Some(Cause::Homecoming) {
             self.tried[lane] |= route_bit(failed);
+            if failed == Route::home(&self.lanes.layout, lane) && self.lanes.health.allows(failed) {
+                self.stranded[lane] = true;
+            }
         }
         let tried = self.tried[lane];
         let load = |r: Route| {
@@ -201,6 +215,9 @@ impl LeadRepair {
                 self.lanes.states[lane] = Lead::Up(route);
                 self.lanes.causes[lane] = None;
                 self.tried[lane] = 0;
+                if route == Route::home(&self.lanes.layout, lane) {
+                    self.stranded[lane] = false;
+                }
                 vec![Action::Resume { lane, epoch }]
             }
             _ => Vec::new(),
@@ -284,6 +301,7 @@ impl LeadRepair {
         for m in 0..8u8 {
             if back & bit(m) != 0 {
                 self.back_since[REMOTE][usize::from(m)] = Some(now);
+                self.unstrand(|home| home.remote == m);
             }
         }
         self.lanes.health.remote_down = down;
@@ -308,9 +326,19 @@ impl LeadRepair {
         } else {
             if self.lanes.health.local_down & bit(m) != 0 {
                 self.back_since[LOCAL][usize::from(m)] = Some(now);
+                self.unstrand(|home| home.local == m);
             }
             self.lanes.health.local_down &= !bit(m);
             self.retry_waiting()
+        }
+    }
+
+    /// Stranded lanes whose home route passes `through` a member that came back may go home.
+    fn unstrand(&mut self, through: impl Fn(Route) -> bool) {
+        for lane in 0..self.stranded.len() {
+            if through(Route::home(&self.lanes.layout, lane)) {
+                self.stranded[lane] = false;
+            }
         }
     }
 
@@ -337,7 +365,8 @@ impl LeadRepair {
     }
 
     /// Lanes away from home move back once both their home members have been up for
-    /// [`SETTLE`]: the same repair, started on purpose.
+    /// [`SETTLE`] (stranded lanes: once one of them came back): the same repair, started on
+    /// purpose.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
         let settled = |side: usize, m: u8| {
             self.back_since[side][usize::from(m)]
@@ -347,6 +376,7 @@ impl LeadRepair {
             .filter(|&lane| {
                 let home = Route::home(&self.lanes.layout, lane);
                 matches!(self.lanes.states[lane], Lead::Up(r) if r != home)
+                    && !self.stranded[lane]
                     && self.lanes.health.allows(home)
                     && settled(LOCAL, home.local)
                     && settled(REMOTE, home.remote)

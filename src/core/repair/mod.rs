@@ -39,6 +39,15 @@ use super::proto::Layout;
 /// flaps faster than this keeps its lanes where they are.
 pub const SETTLE: Duration = Duration::from_millis(250);
 
+/// How long a repair towards members that are up may take, however short the retry budget: the
+/// budget bounds the wait for a member to come back, not the handshake that moves a lane (a
+/// `NCCL_IB_TIMEOUT` of 12 gives 117 ms, less than one repair on a busy host).
+pub const REPAIR_LIMIT: Duration = Duration::from_secs(10);
+
+/// How much longer than the receiver the sender waits before it gives up: the receiver decides
+/// first (its error names the ports; the sender's would only say the receiver stopped answering).
+pub const SENDER_GRACE: Duration = Duration::from_secs(5);
+
 /// The pair of member ports a lane's QP connects: one of this side's, one of the peer's.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Route {
@@ -220,6 +229,8 @@ pub use lead::LeadRepair;
 trait LaneState: Copy {
     fn route(&self) -> Route;
     fn since(&self) -> Option<Instant>;
+    /// Whether the lane waits for a member to come back (no repair is under way).
+    fn waiting(&self) -> bool;
 }
 
 /// The lanes of one side.
@@ -231,10 +242,12 @@ struct Lanes<S> {
     causes: Vec<Option<Cause>>,
     health: Health,
     budget: Duration,
+    /// Added to every limit (the sender's [`SENDER_GRACE`]).
+    grace: Duration,
 }
 
 impl<S: LaneState> Lanes<S> {
-    fn new(layout: Layout, budget: Duration, up: impl Fn(Route) -> S) -> Self {
+    fn new(layout: Layout, budget: Duration, grace: Duration, up: impl Fn(Route) -> S) -> Self {
         Self {
             layout,
             states: (0..layout.nqps)
@@ -243,6 +256,7 @@ impl<S: LaneState> Lanes<S> {
             causes: vec![None; layout.nqps],
             health: Health::default(),
             budget,
+            grace,
         }
     }
 
@@ -260,14 +274,25 @@ impl<S: LaneState> Lanes<S> {
             .map_or(Route::home(&self.layout, lane), LaneState::route)
     }
 
-    /// The lanes down for longer than the budget.
+    /// How long `state` may stay down: the budget while it waits for a member, at least
+    /// [`REPAIR_LIMIT`] while a repair is under way.
+    fn limit(&self, state: &S) -> Duration {
+        let base = if state.waiting() {
+            self.budget
+        } else {
+            self.budget.max(REPAIR_LIMIT)
+        };
+        base + self.grace
+    }
+
+    /// The lanes down for longer than their limit.
     fn overdue(&self, now: Instant) -> Vec<GaveUp> {
         self.states
             .iter()
             .enumerate()
             .filter_map(|(lane, state)| {
                 let down_for = now.saturating_duration_since(state.since()?);
-                (down_for > self.budget).then(|| GaveUp {
+                (down_for > self.limit(state)).then(|| GaveUp {
                     lane,
                     route: state.route(),
                     cause: self.causes[lane].unwrap_or(Cause::Peer),

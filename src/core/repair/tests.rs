@@ -47,7 +47,7 @@ impl Pair {
         };
         Self {
             lead: LeadRepair::new(layout, BUDGET),
-            follow: FollowRepair::new(mirrored, BUDGET + Duration::from_secs(5)),
+            follow: FollowRepair::new(mirrored, BUDGET),
             to_sender: VecDeque::new(),
             to_receiver: VecDeque::new(),
             next_qpn: 100,
@@ -262,6 +262,87 @@ fn a_lane_down_past_the_budget_is_named_with_its_cause() {
 }
 
 #[test]
+fn a_short_budget_bounds_the_wait_for_a_member_not_a_repair() {
+    let short = Duration::from_millis(117);
+    let now = Instant::now();
+    // A lane moving to the other member: the peer has not accepted the offer yet.
+    let mut lead = LeadRepair::new(fused(2, 1), short);
+    let actions = lead.broken(0, Cause::Completion(12), now);
+    assert!(actions.contains(&Action::Flush { lane: 0 }));
+    assert!(matches!(lead.drained(0)[..], [Action::Create { .. }]));
+    assert!(
+        lead.overdue(now + Duration::from_secs(1)).is_empty(),
+        "a repair under way may take longer than the budget"
+    );
+    assert_eq!(
+        lead.overdue(now + REPAIR_LIMIT + Duration::from_millis(1))
+            .len(),
+        1
+    );
+    // Both members down: nothing to repair onto, so the budget applies.
+    let mut lead = LeadRepair::new(fused(2, 1), short);
+    for m in 0..2 {
+        lead.local_member(m, true, now);
+    }
+    for lane in 0..2 {
+        assert!(lead.drained(lane).is_empty(), "no route for lane {lane}");
+    }
+    assert_eq!(lead.overdue(now + Duration::from_millis(118)).len(), 2);
+    // The sender allows what the receiver would, and its grace.
+    let mut follow = FollowRepair::new(fused(2, 1), short);
+    follow.broken(0, Cause::PortDown, now);
+    let limit = REPAIR_LIMIT + SENDER_GRACE;
+    assert!(follow.overdue(now + limit).is_empty());
+    assert_eq!(
+        follow.overdue(now + limit + Duration::from_millis(1)).len(),
+        1
+    );
+}
+
+#[test]
+fn a_lane_whose_home_path_failed_with_its_ports_up_stays_away_until_a_port_comes_back() {
+    let mut p = Pair::new(fused(2, 1));
+    // Lane 1's path loses its packets: no port event, a completion error.
+    let actions = p.lead.broken(1, Cause::Completion(12), p.now);
+    p.lead_actions(actions);
+    p.settle();
+    let away = Route {
+        local: 0,
+        remote: 0,
+    };
+    assert_eq!(p.lead.route(1), away, "moved to the other member");
+    for _ in 0..10 {
+        p.now += SETTLE * 4;
+        let actions = p.lead.tick(p.now);
+        assert!(
+            actions.is_empty(),
+            "no move home: nothing says the path works"
+        );
+    }
+    // Its port goes down and comes back: now the lane goes home once it settled.
+    let actions = p.lead.local_member(1, true, p.now);
+    p.lead_actions(actions);
+    let actions = p.lead.local_member(1, false, p.now);
+    p.lead_actions(actions);
+    p.settle();
+    assert!(p.lead.tick(p.now).is_empty(), "not settled yet");
+    p.now += SETTLE;
+    let actions = p.lead.tick(p.now);
+    p.lead_actions(actions);
+    p.settle();
+    assert_eq!(
+        p.lead.route(1),
+        Route {
+            local: 1,
+            remote: 1
+        },
+        "home again"
+    );
+    assert!(p.lead.all_up() && p.follow.all_up());
+    p.assert_agree();
+}
+
+#[test]
 fn answers_of_an_earlier_repair_are_ignored() {
     let mut p = Pair::new(fused(2, 1));
     let actions = p.lead.broken(0, Cause::Completion(12), p.now);
@@ -427,11 +508,33 @@ fn any_schedule_of_failures_and_returns_converges_with_both_sides_agreeing() {
         let actions = p.lead.tick(p.now);
         p.lead_actions(actions);
         p.settle();
-        for lane in 0..p.consumed.len() {
+        // A lane whose home path failed while its ports were up stays away (nothing says the
+        // path works again) until a home member goes down and comes back.
+        for lane in (0..p.consumed.len()).filter(|&l| !p.lead.stranded[l]) {
             assert_eq!(
                 p.lead.route(lane),
                 Route::home(&p.lead.lanes.layout, lane),
                 "seed {seed}: lane {lane} did not move home"
+            );
+        }
+        p.assert_agree();
+        // Every receiver member goes down and comes back: then every lane goes home.
+        for m in 0..members as u8 {
+            for down in [true, false] {
+                let actions = p.lead.local_member(m, down, p.now);
+                p.lead_actions(actions);
+                p.settle();
+            }
+        }
+        p.now += SETTLE;
+        let actions = p.lead.tick(p.now);
+        p.lead_actions(actions);
+        p.settle();
+        for lane in 0..p.consumed.len() {
+            assert_eq!(
+                p.lead.route(lane),
+                Route::home(&p.lead.lanes.layout, lane),
+                "seed {seed}: lane {lane} did not move home after its ports came back"
             );
         }
         p.assert_agree();
