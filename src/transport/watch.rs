@@ -431,7 +431,7 @@ impl DeviceHealth {
         self.qp_failures.load(Ordering::Acquire)
     }
 
-    /// The QPs reported failed after the first `seen` (the latest [`FAILED_QPS`] at most), and
+    /// The QPs reported failed after the first `seen` (the latest 64 at most), and
     /// the count to remember.
     pub fn failed_qps_since(&self, seen: u64) -> (Vec<u32>, u64) {
         self.failed_qps.lock().since(seen)
