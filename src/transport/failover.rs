@@ -162,6 +162,19 @@ impl<R: Repair> Failover<R> {
         self.core.is_up(lane)
     }
 
+    /// Whether there is progress to make without the client: a repair under way or lanes
+    /// away from home, or a port event, a failed QP or a frame not looked at yet. Atomics only:
+    /// the watcher asks at every tick, so that a repair never waits for a client that stopped
+    /// calling on this comm (NCCL polls only the comms it has requests on).
+    pub(super) fn due(&self, ctx: &DeviceContext, link: &PeerLink) -> bool {
+        !self.settled
+            || link.has_frames()
+            || ctx.ports.iter().enumerate().any(|(m, p)| {
+                p.health.port_events() != self.seen[m]
+                    || p.health.qp_failures() != self.seen_qp_failures[m]
+            })
+    }
+
     /// What changed since the last call: QPs of the connection that failed, members that went
     /// down or came back (port events), frames from the peer; and, while not every lane is up
     /// at home, every [`POLLS_PER_CLOCK_READ`]th call, lanes due home and lanes down for too
@@ -438,6 +451,15 @@ fn gave_up(ctx: &DeviceContext, peer: &[Endpoint], overdue: &[GaveUp]) -> Error 
 pub(super) trait Repairing: CommParts {
     /// Do `action` (other than a flush or a frame); returns what it leads to.
     fn run_action(&self, st: &mut Self::State, action: Action) -> Result<Vec<Action>>;
+
+    /// Whether the comm's failover owes progress now (see [`Failover::due`]); false without
+    /// failover.
+    fn failover_due(&self, st: &mut Self::State) -> bool {
+        match (Self::failover(st), self.link()) {
+            (Some(f), Some(link)) => f.due(self.ctx(), link.link()),
+            _ => false,
+        }
+    }
 
     /// Take what port events and the peer's frames say, and do what the repairs ask.
     fn tend_failover(&self, st: &mut Self::State) -> Result<()> {

@@ -893,10 +893,12 @@ impl AnswerWrites {
 
 /// A quiet receive writes its CTS only when no eager message comes for a while: the
 /// sender may hold a message that cannot go eagerly, and NCCL may make no further call on this
-/// comm until it arrives (it waits on another comm, or outside the plugin).
+/// comm until it arrives (it waits on another comm, or outside the plugin). A repair must not
+/// wait for NCCL's next call either: the sender's lanes wait for it.
 impl Tend for RecvComm {
     fn wants_tending(&self) -> bool {
-        self.state.lock().proto.layout().quiet
+        let st = self.state.lock();
+        st.proto.layout().quiet || st.failover.is_some()
     }
 
     fn tend(&self) -> Tick {
@@ -904,8 +906,17 @@ impl Tend for RecvComm {
             return Tick::Idle;
         };
         let polled = st.client.since_last_tick();
-        if st.failed.check().is_err() || !st.proto.has_quiet() {
-            return Tick::Idle;
+        // Quiet receives may come due by the clock alone; failover only by an event.
+        let idle = if st.proto.layout().quiet {
+            Tick::Idle
+        } else {
+            Tick::Quiet
+        };
+        if st.failed.check().is_err() {
+            return idle;
+        }
+        if !st.proto.has_quiet() && !self.failover_due(&mut st) {
+            return idle;
         }
         // Even for a client that polls: its polls read the clock only every 32nd time.
         // A failure is recorded in the comm and reported at its next call.

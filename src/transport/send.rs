@@ -913,10 +913,11 @@ impl SendComm {
 
 /// With quiet receives, an eager send is done before the receiver took it: when it refuses it
 /// (a smaller or grouped receive, another tag), the comm must write it again even if NCCL makes
-/// no further call on it.
+/// no further call on it. A repair must not wait for NCCL's next call either: the receiver
+/// leads it and waits for this side's answers.
 impl Tend for SendComm {
     fn wants_tending(&self) -> bool {
-        self.layout.quiet
+        self.layout.quiet || self.state.lock().failover.is_some()
     }
 
     fn tend(&self) -> Tick {
@@ -924,11 +925,22 @@ impl Tend for SendComm {
             return Tick::Idle;
         };
         let polled = st.client.since_last_tick();
-        if st.failed.check().is_err() || !st.proto.undelivered() {
-            return Tick::Idle;
+        let idle = if self.layout.quiet {
+            Tick::Idle
+        } else {
+            Tick::Quiet
+        };
+        if st.failed.check().is_err() {
+            return idle;
         }
         // A failure is recorded in the comm and reported at its next call.
-        let _ = self.deliver(&mut st);
+        if st.proto.undelivered() {
+            let _ = self.deliver(&mut st);
+        } else if self.failover_due(&mut st) {
+            let _ = self.progress(&mut st);
+        } else {
+            return idle;
+        }
         Tick::owed(polled)
     }
 }

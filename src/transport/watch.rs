@@ -227,6 +227,11 @@ impl PeerLink {
         ok
     }
 
+    /// Whether frames arrived that [`Self::frames`] has not taken yet.
+    pub(super) fn has_frames(&self) -> bool {
+        self.has_frames.load(Ordering::Acquire)
+    }
+
     /// The frames that arrived since the last call (a comm that agreed on failover).
     pub(super) fn frames(&self) -> Vec<Frame> {
         if !self.has_frames.load(Ordering::Acquire) {
@@ -548,9 +553,12 @@ pub trait Tend: Send + Sync + 'static {
     fn tend(&self) -> Tick;
 }
 
-/// A tended comm at a tick.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+/// A tended comm at a tick (ordered by how soon it wants the next).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Tick {
+    /// It owes nothing and will owe nothing before an event the watcher wakes for (a port
+    /// event, a frame from the peer): no tick is needed for it.
+    Quiet,
     /// It owed nothing, or its client made its progress since the previous tick
     /// ([`ClientProgress`]) or is in a call now.
     Idle,
@@ -768,27 +776,31 @@ impl Watcher {
     }
 
     /// Let every tended comm make its due progress (outside the list's lock: a comm that
-    /// closes meanwhile waits only for this tick); whether any comm's client is away.
-    fn tend_all(&self) -> bool {
+    /// closes meanwhile waits only for this tick); the most any comm asked for: no tick
+    /// ([`Tick::Quiet`]), ticks, or soon ([`Tick::ClientAway`]).
+    fn tend_all(&self) -> Tick {
         let comms: Vec<Arc<dyn Tend>> = self
             .tended
             .lock()
             .values()
             .filter_map(Weak::upgrade)
             .collect();
-        let mut away = false;
+        let mut most = Tick::Quiet;
         for comm in comms {
             // Every comm is tended, whatever the others are.
-            away |= comm.tend() == Tick::ClientAway;
+            most = most.max(comm.tend());
         }
-        away
+        most
     }
 
     fn run(&self) {
         let mut keys = Vec::new();
         let mut tick = AWAY_TICK;
+        // What the tended comms asked for at the last tick (a comm tended for the first time
+        // wakes the thread, see `Tended::new`).
+        let mut wanted = Tick::Quiet;
         loop {
-            let timeout = if held::any_registered() || !self.tended.lock().is_empty() {
+            let timeout = if held::any_registered() || wanted != Tick::Quiet {
                 tick
             } else {
                 Duration::from_secs(1)
@@ -796,29 +808,37 @@ impl Watcher {
             let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(1000);
             let waited = self.epoll.wait(&mut keys, timeout_ms);
             held::flush_all();
-            tick = next_tick(tick, self.tend_all());
+            // Port events and frames are handled first: the comms they concern owe progress.
+            if waited.is_ok() {
+                self.handle(&keys);
+            }
+            wanted = self.tend_all();
+            tick = next_tick(tick, wanted == Tick::ClientAway);
             if let Err(e) = waited {
                 tracing::warn!("NET/{PLUGIN_NAME}: watcher: {e}");
                 std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// Handle what woke the thread: port events, bytes from peers.
+    fn handle(&self, keys: &[u64]) {
+        for &key in keys {
+            if key == WAKE_KEY {
+                self.wake.drain();
                 continue;
             }
-            for &key in &keys {
-                if key == WAKE_KEY {
-                    self.wake.drain();
-                    continue;
-                }
-                // Clone out of the lock: the handler may take time, and unregister must not wait.
-                let Some(target) = self.targets.lock().get(&key).cloned() else {
-                    continue;
-                };
-                match &target {
-                    Target::Link(link) => {
-                        if !link.on_readable() {
-                            self.unregister(key);
-                        }
+            // Clone out of the lock: the handler may take time, and unregister must not wait.
+            let Some(target) = self.targets.lock().get(&key).cloned() else {
+                continue;
+            };
+            match &target {
+                Target::Link(link) => {
+                    if !link.on_readable() {
+                        self.unregister(key);
                     }
-                    Target::Device(health) => health.on_readable(),
                 }
+                Target::Device(health) => health.on_readable(),
             }
         }
     }

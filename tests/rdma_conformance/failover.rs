@@ -23,6 +23,9 @@ const RECOVERY_LIMIT: Duration = Duration::from_secs(5);
 enum Length {
     Messages(usize),
     For(Duration),
+    /// This many messages, with a pause of the given length and no call on the comm after
+    /// the first of them (once every one of those completed).
+    Pausing(usize, usize, Duration),
 }
 
 /// A stream ends with `WINDOW` messages of this size, one for every receive the receiver may
@@ -74,11 +77,19 @@ fn stream_send(cx: &Cx, sc: *mut c_void, length: Length) -> usize {
     let mut reqs = std::collections::VecDeque::new();
     let start = Instant::now();
     let more = |i: usize| match length {
-        Length::Messages(n) => i < n,
+        Length::Messages(n) | Length::Pausing(n, ..) => i < n,
         Length::For(d) => start.elapsed() < d,
     };
     let mut count = 0;
     while more(count) {
+        if let Length::Pausing(_, at, pause) = length
+            && count == at
+        {
+            for req in reqs.drain(..) {
+                assert_eq!(cx.net.wait(req)[0], MESSAGE as i32);
+            }
+            std::thread::sleep(pause);
+        }
         if reqs.len() == WINDOW {
             let req = reqs.pop_front().unwrap();
             assert_eq!(cx.net.wait(req)[0], MESSAGE as i32);
@@ -609,6 +620,51 @@ fn a_path_losing_every_packet_fails_over(cx: &mut Cx) {
     }
 }
 
+/// The sender makes no call on its comm for 12 s (nothing pending: NCCL polls only the comms
+/// it has requests on) while a path fails under the receiver's 32 posted receives: the
+/// sender's watcher thread takes part in the repair, so the receiver's comm does not fail
+/// (it would after 10 s, the limit of a repair with `NCCL_IB_TIMEOUT=14`), and the stream
+/// resumes, every byte right, as soon as the sender calls again.
+fn an_idle_sender_does_not_stall_a_repair(cx: &mut Cx) {
+    const COUNT: usize = 400;
+    const IDLE_AT: usize = 200;
+    const IDLE: Duration = Duration::from_secs(12);
+    if cx.rank == 0 {
+        let baseline = receiver_baseline();
+        let rc = cx.accept_pair();
+        let mut stalls = Stalls::default();
+        let mut idle_gap = Duration::ZERO;
+        let received = stream_recv(cx, rc, |i| {
+            let gap = stalls.message();
+            if i == IDLE_AT {
+                idle_gap = gap;
+            }
+            if i == IDLE_AT - 1 {
+                set_link("veth2", "down");
+            }
+        });
+        assert_eq!(received, COUNT);
+        println!("NOTE the stream waited {idle_gap:?} for the idle sender");
+        assert!(
+            idle_gap < IDLE + Duration::from_secs(3),
+            "the stream resumed soon after the sender called again: {idle_gap:?}"
+        );
+        cx.net.close_recv(rc);
+        restore_veth();
+        println!("EXPECT_STDERR rxe1+rxe3: member rxe3:1 went down (port event)");
+        assert_eq!(
+            resource_counts(),
+            baseline,
+            "every object of the comm is gone"
+        );
+    } else {
+        let sc = cx.connect_pair();
+        let sent = stream_send(cx, sc, Length::Pausing(COUNT, IDLE_AT, IDLE));
+        assert_eq!(sent, COUNT);
+        cx.net.close_send(sc);
+    }
+}
+
 /// A scenario's environment on the test bed's two paths: `rank 0 device, rank 1 device`
 /// fused with NCCL_NET_RS_FUSE, and more variables.
 macro_rules! two_paths {
@@ -717,6 +773,25 @@ pub(crate) const ONCE: &[Scenario] = &[
         name: "v8_both_paths_down_past_the_budget",
         ranks: 2,
         run: both_paths_down_past_the_budget,
+        env: &[
+            two_paths!(
+                "rxe1+rxe3",
+                "RSIB_TEST_ABI" => "8",
+                "NCCL_IB_TIMEOUT" => "14",
+                "NCCL_IB_RETRY_CNT" => "6",
+            ),
+            two_paths!(
+                "rxe2+rxe4",
+                "RSIB_TEST_ABI" => "8",
+                "NCCL_IB_TIMEOUT" => "14",
+                "NCCL_IB_RETRY_CNT" => "6",
+            ),
+        ],
+    },
+    Scenario {
+        name: "v8_an_idle_sender_does_not_stall_a_repair",
+        ranks: 2,
+        run: an_idle_sender_does_not_stall_a_repair,
         env: &[
             two_paths!(
                 "rxe1+rxe3",
