@@ -416,11 +416,11 @@ pub(super) fn local_hello(
     }
 }
 
-/// Whether a connection with `eager_bytes` agreed moves lanes off failed members: when both
-/// sides offer it and the connection has no eager path (which fused devices never have, see
-/// [`agreed_eager_bytes`]; its bounce ring and answers are not repaired yet).
-pub(super) fn failover_agreed(config: &Config, eager_bytes: u64, peer: &Hello) -> bool {
-    config.port_failover && peer.failover && eager_bytes == 0
+/// Whether a connection repairs its lanes when a port or path fails: when both sides offer it.
+/// A single-port connection then waits for its port to come back (up to the retry budget),
+/// and its eager path's messages and answers are written again like the rest.
+pub(super) fn failover_agreed(config: &Config, peer: &Hello) -> bool {
+    config.port_failover && peer.failover
 }
 
 fn describe_gid(gid: &[u8; 16], index: u32, version: u8) -> String {

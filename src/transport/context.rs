@@ -95,18 +95,25 @@ impl DeviceContext {
         if logged.swap(events, Ordering::AcqRel) == events {
             return;
         }
-        let member = self.ports[m].label();
+        let member = self.member(m);
         if down {
             tracing::warn!(
-                "NET/{PLUGIN_NAME}: {}: member {member} went down (port event){}",
-                self.name(),
+                "NET/{PLUGIN_NAME}: {member} went down (port event){}",
                 self.what_carries_on(m)
             );
         } else {
             tracing::info!(
-                "NET/{PLUGIN_NAME}: {}: member {member} is active again: its connections use it again",
-                self.name()
+                "NET/{PLUGIN_NAME}: {member} is active again: its connections use it again"
             );
+        }
+    }
+
+    /// `"rxe1+rxe3: member rxe3:1"`, or `"rxe1:1"` for a device of one port.
+    fn member(&self, m: usize) -> String {
+        if self.ports.len() == 1 {
+            self.ports[m].label()
+        } else {
+            format!("{}: member {}", self.name(), self.ports[m].label())
         }
     }
 
@@ -132,9 +139,8 @@ impl DeviceContext {
             return;
         }
         tracing::warn!(
-            "NET/{PLUGIN_NAME}: {}: member {} lost its path to {peer} ({cause}){}",
-            self.name(),
-            self.ports[m].label(),
+            "NET/{PLUGIN_NAME}: {} lost its path to {peer} ({cause}){}",
+            self.member(m),
             self.what_carries_on(m)
         );
     }
@@ -148,7 +154,11 @@ impl DeviceContext {
             .filter(|(i, p)| *i != m && !p.is_down())
             .map(|(_, p)| p.label())
             .collect();
-        if others.is_empty() {
+        if self.ports.len() == 1 {
+            ": its connections wait for it to come back, up to the retry budget \
+             (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT)"
+                .to_owned()
+        } else if others.is_empty() {
             ": no member is left: its connections wait for one to come back, up to the retry \
              budget (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT)"
                 .to_owned()

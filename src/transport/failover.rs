@@ -24,7 +24,7 @@ use crate::core::proto::{Answer, Layout, SLOTS};
 use crate::core::repair::{
     Action, Cause, FollowRepair, Frame, GaveUp, Health, LaneSet, LeadRepair, MemberSet, Route,
 };
-use crate::core::wire::{Endpoint, Hello};
+use crate::core::wire::Endpoint;
 use crate::plugin::PLUGIN_NAME;
 
 /// `wr_id` kinds of a lane's drain markers, in its send and receive queue (the low bits: the
@@ -38,6 +38,16 @@ const WR_LANE_DRAIN_RECV: u64 = 8 << 56;
 pub(super) fn retry_budget(ib_timeout: u8, retry_cnt: u8) -> Duration {
     let one = Duration::from_nanos(4096u64.saturating_mul(1u64 << ib_timeout.min(40)));
     one.saturating_mul(u32::from(retry_cnt) + 1)
+}
+
+/// Whether a work completion's `status` (`ibv_wc_status`) says its path failed, which another
+/// QP, on another member or after the port came back, may mend: no acknowledgement within the
+/// retries (`RETRY_EXC_ERR`), the QP flushed or failed under it (`WR_FLUSH_ERR`, `FATAL_ERR`,
+/// `LOC_QP_OP_ERR`: Soft-RoCE's answer to a post on a port that is down), no response
+/// (`RESP_TIMEOUT_ERR`). The others (lengths, protection, access, invalid requests) are the
+/// comm's own faults and would fail on any path.
+fn path_failure(status: u32) -> bool {
+    matches!(status, 2 | 5 | 12 | 19 | 20)
 }
 
 /// What both sides' repairs offer the glue.
@@ -277,21 +287,26 @@ impl<R: Repair> Failover<R> {
     }
 
     /// A work completion on `lane` failed with `status`, or was a drain marker. Returns the
-    /// core's actions; nothing for a lane already down (its QP's requests are flushed).
+    /// core's actions: nothing for a lane already down (its QP's requests are flushed), the
+    /// lane's repair for a failure of its path; `None` for a failure no other path mends (a
+    /// protection or access error: a fault of the comm's own, which fails it).
     pub(super) fn failed_completion(
         &mut self,
         ctx: &DeviceContext,
         lane: usize,
         wr_id: u64,
         status: u32,
-    ) -> Vec<Action> {
+    ) -> Option<Vec<Action>> {
         match wr_id & !WR_INDEX_MASK {
-            WR_LANE_DRAIN => return self.marker_done(lane, false),
-            WR_LANE_DRAIN_RECV => return self.marker_done(lane, true),
+            WR_LANE_DRAIN => return Some(self.marker_done(lane, false)),
+            WR_LANE_DRAIN_RECV => return Some(self.marker_done(lane, true)),
             _ => {}
         }
         if !self.core.is_up(lane) {
-            return Vec::new();
+            return Some(Vec::new());
+        }
+        if !path_failure(status) {
+            return None;
         }
         tracing::info!(
             "NET/{PLUGIN_NAME}: lane {lane}: a work completion failed (status {status}): moving it"
@@ -299,7 +314,7 @@ impl<R: Repair> Failover<R> {
         let cause = Cause::Completion(status);
         self.note_path_lost(ctx, self.core.route(lane), cause);
         self.settled = false;
-        self.core.broken(lane, cause, Instant::now())
+        Some(self.core.broken(lane, cause, Instant::now()))
     }
 
     /// Move lane `lane`'s QP to ERR and post its drain markers (two: send and receive queue).
@@ -502,20 +517,16 @@ pub(super) trait Repairing: CommParts {
 }
 
 /// Log once per process that a peer takes no part in failover, where this side offered it.
-pub(super) fn log_failover(ctx: &DeviceContext, agreed: bool, peer: &Hello, remote: &str) {
+pub(super) fn log_failover(ctx: &DeviceContext, agreed: bool, remote: &str) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     if agreed || !ctx.config.port_failover {
         return;
     }
-    let why = if peer.failover {
-        "the connection has an eager path"
-    } else {
-        "the peer does not offer it (an earlier version, or NCCL_IB_RESILIENCY_PORT_FAILOVER=0 there)"
-    };
     ONCE.call_once(|| {
         tracing::info!(
-            "NET/{PLUGIN_NAME}: no port failover on the connection with {remote}: {why}; a failed \
-             port fails such comms (logged once)"
+            "NET/{PLUGIN_NAME}: no port failover on the connection with {remote}: the peer does \
+             not offer it (an earlier version, or NCCL_IB_RESILIENCY_PORT_FAILOVER=0 there); a \
+             failed port fails such comms (logged once)"
         );
     });
 }
@@ -719,11 +730,17 @@ impl Repairing for RecvComm {
 }
 
 impl RecvComm {
-    /// Lane `lane`'s new QP is connected: post a receive for every message it still owes, and
+    /// Lane `lane`'s new QP is connected: post a receive for every message it still owes (and,
+    /// with eager messages, the receives they arrive on, one per slot, as at connect), and
     /// write again the answers that went on it (they may not have landed).
     fn resume(&self, st: &mut RecvState, lane: usize) -> Result<()> {
         let slot = self.qps.lanes[lane].read();
-        for _ in 0..st.proto.expecting(lane) {
+        let eager_pool = if st.proto.layout().eager_bytes > 0 {
+            SLOTS
+        } else {
+            0
+        };
+        for _ in 0..st.proto.expecting(lane) + eager_pool {
             slot.qp.post_recv(WR_RECV)?;
         }
         let answers: Vec<(usize, Answer, usize)> = st.proto.answers_on(lane).collect();

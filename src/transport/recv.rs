@@ -244,9 +244,9 @@ impl RecvComm {
             layout.nqps,
             describe_eager(eager_bytes, layout.quiet)
         );
-        let failover = failover_agreed(&ctx.config, eager_bytes, remote)
+        let failover = failover_agreed(&ctx.config, remote)
             .then(|| Box::new(Failover::lead(ctx, layout, remote.members.clone())));
-        log_failover(ctx, failover.is_some(), remote, &remote_desc);
+        log_failover(ctx, failover.is_some(), &remote_desc);
         let comm = Self {
             ctx: Arc::clone(ctx),
             qps,
@@ -786,8 +786,9 @@ impl RecvComm {
             let Some(lane) = self.qps.index_of(member, c.qp_num) else {
                 return Ok(());
             };
-            let actions = f.failed_completion(&self.ctx, lane, c.wr_id, c.status);
-            return self.run_actions(st, actions);
+            if let Some(actions) = f.failed_completion(&self.ctx, lane, c.wr_id, c.status) {
+                return self.run_actions(st, actions);
+            }
         }
         if !c.is_ok() {
             let e = completion_error(

@@ -265,9 +265,9 @@ impl Connecting {
                 "adaptive routing: data writes over {t} bytes split"
             ))
         );
-        let failover = failover_agreed(config, eager_bytes, remote)
+        let failover = failover_agreed(config, remote)
             .then(|| Box::new(Failover::follow(&self.ctx, layout, remote.members.clone())));
-        log_failover(&self.ctx, failover.is_some(), remote, &remote_desc);
+        log_failover(&self.ctx, failover.is_some(), &remote_desc);
         Ok(SendComm {
             ctx: Arc::clone(&self.ctx),
             qps: pending.qps,
@@ -882,8 +882,9 @@ impl SendComm {
             && let Some(f) = st.failover.as_deref_mut()
         {
             let lane = self.qps.index_of(member, c.qp_num).unwrap_or(usize::MAX);
-            let actions = f.failed_completion(&self.ctx, lane, c.wr_id, c.status);
-            return self.run_actions(st, actions);
+            if let Some(actions) = f.failed_completion(&self.ctx, lane, c.wr_id, c.status) {
+                return self.run_actions(st, actions);
+            }
         }
         if !c.is_ok() {
             let e = completion_error(

@@ -29,13 +29,34 @@ enum Length {
 }
 
 /// A stream ends with `WINDOW` messages of this size, one for every receive the receiver may
-/// have posted beyond the last message.
-const END: usize = 8;
+/// have posted beyond the last message (no message of a stream has it).
+const END: usize = 3;
+
+/// Every message of a stream has `MESSAGE` bytes.
+fn whole(_: usize) -> usize {
+    MESSAGE
+}
+
+/// Message sizes that take every path of a single-QP connection: eager (up to 4 KiB by
+/// default) and rendezvous, empty and odd.
+fn mixed(i: usize) -> usize {
+    [8, 4096, MESSAGE, 0, 1000, 4097, 60_001][i % 7]
+}
 
 /// Receive a stream of `MESSAGE`-byte messages, `WINDOW` receives in flight, and verify each
 /// as it completes (message `i` carries `pattern(i)`); `at(i)` runs after message `i` completed,
 /// with the receives after it still in flight. Returns how many messages came.
-fn stream_recv(cx: &Cx, rc: *mut c_void, mut at: impl FnMut(usize)) -> usize {
+fn stream_recv(cx: &Cx, rc: *mut c_void, at: impl FnMut(usize)) -> usize {
+    stream_recv_sized(cx, rc, whole, at)
+}
+
+/// [`stream_recv`] of messages of `size(i)` bytes.
+fn stream_recv_sized(
+    cx: &Cx,
+    rc: *mut c_void,
+    size_of: fn(usize) -> usize,
+    mut at: impl FnMut(usize),
+) -> usize {
     let mut bufs = vec![0u8; WINDOW * MESSAGE];
     let mh = cx.net.reg_mr(rc, &mut bufs);
     let base = bufs.as_mut_ptr();
@@ -55,10 +76,10 @@ fn stream_recv(cx: &Cx, rc: *mut c_void, mut at: impl FnMut(usize)) -> usize {
             count.get_or_insert(i);
             continue;
         }
-        assert_eq!(size, MESSAGE, "size of message {i}");
+        assert_eq!(size, size_of(i), "size of message {i}");
         let from = (i % WINDOW) * MESSAGE;
         assert!(
-            bufs[from..from + MESSAGE] == pattern(i as u64, MESSAGE)[..],
+            bufs[from..from + size] == pattern(i as u64, size)[..],
             "bytes of message {i}"
         );
         at(i);
@@ -71,6 +92,16 @@ fn stream_recv(cx: &Cx, rc: *mut c_void, mut at: impl FnMut(usize)) -> usize {
 /// Send a stream of `MESSAGE`-byte messages, message `i` carrying `pattern(i)`, `WINDOW` in
 /// flight, and its end. Returns how many messages went.
 fn stream_send(cx: &Cx, sc: *mut c_void, length: Length) -> usize {
+    stream_send_sized(cx, sc, length, whole)
+}
+
+/// [`stream_send`] of messages of `size(i)` bytes.
+fn stream_send_sized(
+    cx: &Cx,
+    sc: *mut c_void,
+    length: Length,
+    size_of: fn(usize) -> usize,
+) -> usize {
     let mut bufs = vec![0u8; WINDOW * MESSAGE];
     let mh = cx.net.reg_mr(sc, &mut bufs);
     let base = bufs.as_mut_ptr();
@@ -85,22 +116,22 @@ fn stream_send(cx: &Cx, sc: *mut c_void, length: Length) -> usize {
         if let Length::Pausing(_, at, pause) = length
             && count == at
         {
-            for req in reqs.drain(..) {
-                assert_eq!(cx.net.wait(req)[0], MESSAGE as i32);
+            for (req, size) in reqs.drain(..) {
+                assert_eq!(cx.net.wait(req)[0], size as i32);
             }
             std::thread::sleep(pause);
         }
         if reqs.len() == WINDOW {
-            let req = reqs.pop_front().unwrap();
-            assert_eq!(cx.net.wait(req)[0], MESSAGE as i32);
+            let (req, size) = reqs.pop_front().unwrap();
+            assert_eq!(cx.net.wait(req)[0], size as i32);
         }
-        let at = (count % WINDOW) * MESSAGE;
-        bufs[at..at + MESSAGE].copy_from_slice(&pattern(count as u64, MESSAGE));
-        reqs.push_back(cx.net.isend(sc, base.wrapping_add(at), MESSAGE, 0, mh));
+        let (at, size) = ((count % WINDOW) * MESSAGE, size_of(count));
+        bufs[at..at + size].copy_from_slice(&pattern(count as u64, size));
+        reqs.push_back((cx.net.isend(sc, base.wrapping_add(at), size, 0, mh), size));
         count += 1;
     }
-    for req in reqs {
-        assert_eq!(cx.net.wait(req)[0], MESSAGE as i32);
+    for (req, size) in reqs {
+        assert_eq!(cx.net.wait(req)[0], size as i32);
     }
     let ends: Vec<_> = (0..WINDOW)
         .map(|_| cx.net.isend(sc, base, END, 0, mh))
@@ -665,6 +696,67 @@ fn an_idle_sender_does_not_stall_a_repair(cx: &mut Cx) {
     }
 }
 
+/// A single-port connection (rxe1 against rxe2, eager messages on: NCCL_NET_RS_EAGER_BYTES's
+/// default) loses its only port for 5 s, far less than the retry budget, in a stream of eager
+/// and rendezvous messages: the comm waits for the port, then carries on, no error, every byte
+/// and size right.
+fn a_single_port_rides_out_a_five_second_outage(cx: &mut Cx) {
+    const STREAM: Duration = Duration::from_secs(30);
+    const DOWN_AT: usize = 700;
+    const OUTAGE: Duration = Duration::from_secs(5);
+    if cx.rank == 0 {
+        assert_eq!(cx.net.device_name(cx.dev), "rxe1");
+        let baseline = receiver_baseline();
+        let rc = cx.accept_pair();
+        let mut outage = None;
+        let mut stalls = Stalls::default();
+        let up: Arc<OnceLock<Comeback>> = Arc::default();
+        let mut comeback: Option<Comeback> = None;
+        stream_recv_sized(cx, rc, mixed, |i| {
+            stalls.message();
+            if i == DOWN_AT {
+                let up = Arc::clone(&up);
+                outage = Some(std::thread::spawn(move || {
+                    set_link("veth0", "down");
+                    std::thread::sleep(OUTAGE);
+                    let (comeback, restore) = bring_up(&["rxe1"]);
+                    restore.join().unwrap();
+                    let _ = up.set(comeback);
+                }));
+            }
+            if let Some(c) = comeback.as_mut() {
+                c.check();
+            } else if let Some(c) = up.get() {
+                comeback = Some(c.clone());
+            }
+        });
+        outage.expect("the port went down").join().unwrap();
+        let back = comeback
+            .expect("the port came back before the stream ended")
+            .within_limit();
+        println!(
+            "NOTE traffic again {back:?} after the port was ACTIVE; the longest wait for a message: {:?}",
+            stalls.longest
+        );
+        assert!(stalls.longest >= OUTAGE, "the stream waited out the outage");
+        cx.net.close_recv(rc);
+        println!(
+            "EXPECT_STDERR NET/RsIB: rxe1:1 went down (port event): its connections wait for it to come back"
+        );
+        println!("EXPECT_STDERR NET/RsIB: rxe1:1 is active again: its connections use it again");
+        assert_eq!(
+            resource_counts(),
+            baseline,
+            "every object of the comm is gone"
+        );
+    } else {
+        assert_eq!(cx.net.device_name(cx.dev), "rxe2");
+        let sc = cx.connect_pair();
+        stream_send_sized(cx, sc, Length::For(STREAM), mixed);
+        cx.net.close_send(sc);
+    }
+}
+
 /// A scenario's environment on the test bed's two paths: `rank 0 device, rank 1 device`
 /// fused with NCCL_NET_RS_FUSE, and more variables.
 macro_rules! two_paths {
@@ -805,6 +897,44 @@ pub(crate) const ONCE: &[Scenario] = &[
                 "NCCL_IB_TIMEOUT" => "14",
                 "NCCL_IB_RETRY_CNT" => "6",
             ),
+        ],
+    },
+    Scenario {
+        name: "v12_a_single_port_rides_out_a_five_second_outage",
+        ranks: 2,
+        run: a_single_port_rides_out_a_five_second_outage,
+        env: &[
+            &[
+                ("RSIB_TEST_ABI", "12"),
+                ("RSIB_TEST_DEV", "rxe1"),
+                ("NCCL_DEBUG", "INFO"),
+            ],
+            &[
+                ("RSIB_TEST_ABI", "12"),
+                ("RSIB_TEST_DEV", "rxe2"),
+                ("NCCL_DEBUG", "INFO"),
+            ],
+        ],
+    },
+    Scenario {
+        name: "v8_a_single_port_with_quiet_receives_rides_out_a_five_second_outage",
+        ranks: 2,
+        run: a_single_port_rides_out_a_five_second_outage,
+        env: &[
+            &[
+                ("RSIB_TEST_ABI", "8"),
+                ("RSIB_TEST_DEV", "rxe1"),
+                ("NCCL_DEBUG", "INFO"),
+                ("NCCL_NET_RS_QUIET", "1"),
+                ("NCCL_NET_RS_EAGER_BYTES", "4096"),
+            ],
+            &[
+                ("RSIB_TEST_ABI", "8"),
+                ("RSIB_TEST_DEV", "rxe2"),
+                ("NCCL_DEBUG", "INFO"),
+                ("NCCL_NET_RS_QUIET", "1"),
+                ("NCCL_NET_RS_EAGER_BYTES", "4096"),
+            ],
         ],
     },
     Scenario {

@@ -133,7 +133,7 @@ impl LeadRepair {
             // again, away from it.
             Lead::Creating { .. } | Lead::Offered { .. } | Lead::Connecting { .. } => {
                 let mut actions = vec![Action::Discard { lane }];
-                actions.extend(self.plan(lane, since, failed));
+                actions.extend(self.left(lane, since, failed));
                 actions
             }
         }
@@ -142,18 +142,26 @@ impl LeadRepair {
     /// `lane`'s old QP is drained: plan where it goes.
     pub fn drained(&mut self, lane: usize) -> Vec<Action> {
         match self.lanes.states.get(lane).copied() {
-            Some(Lead::Draining { since, failed }) => self.plan(lane, since, failed),
+            Some(Lead::Draining { since, failed }) => self.left(lane, since, failed),
             _ => Vec::new(),
         }
     }
 
-    fn plan(&mut self, lane: usize, since: Instant, failed: Route) -> Vec<Action> {
+    /// `lane` left `route` (it failed, or was refused, or the lane moves home from it): plan
+    /// where it goes.
+    fn left(&mut self, lane: usize, since: Instant, route: Route) -> Vec<Action> {
         if self.lanes.causes[lane] != Some(Cause::Homecoming) {
-            self.tried[lane] |= route_bit(failed);
-            if failed == Route::home(&self.lanes.layout, lane) && self.lanes.health.allows(failed) {
+            self.tried[lane] |= route_bit(route);
+            if route == Route::home(&self.lanes.layout, lane) && self.lanes.health.allows(route) {
                 self.stranded[lane] = true;
             }
         }
+        self.plan(lane, since, route)
+    }
+
+    /// Where `lane`, down since `since` (last on `failed`), goes: a route it has not tried in
+    /// this outage, or nowhere yet (it waits).
+    fn plan(&mut self, lane: usize, since: Instant, failed: Route) -> Vec<Action> {
         let tried = self.tried[lane];
         let load = |r: Route| {
             self.lanes
@@ -252,7 +260,7 @@ impl LeadRepair {
                         route,
                     }) if e == epoch && !self.lanes.health.allows(route) => {
                         let mut actions = vec![Action::Discard { lane }];
-                        actions.extend(self.plan(lane, since, route));
+                        actions.extend(self.left(lane, since, route));
                         actions
                     }
                     Some(Lead::Offered {
@@ -287,7 +295,7 @@ impl LeadRepair {
                     && e == epoch
                 {
                     actions.push(Action::Discard { lane });
-                    actions.extend(self.plan(lane, since, route));
+                    actions.extend(self.left(lane, since, route));
                 }
                 actions
             }
@@ -301,7 +309,7 @@ impl LeadRepair {
         for m in 0..8u8 {
             if back & bit(m) != 0 {
                 self.back_since[REMOTE][usize::from(m)] = Some(now);
-                self.unstrand(|home| home.remote == m);
+                self.through_member_back(|r| r.remote == m);
             }
         }
         self.lanes.health.remote_down = down;
@@ -326,18 +334,23 @@ impl LeadRepair {
         } else {
             if self.lanes.health.local_down & bit(m) != 0 {
                 self.back_since[LOCAL][usize::from(m)] = Some(now);
-                self.unstrand(|home| home.local == m);
+                self.through_member_back(|r| r.local == m);
             }
             self.lanes.health.local_down &= !bit(m);
             self.retry_waiting()
         }
     }
 
-    /// Stranded lanes whose home route passes `through` a member that came back may go home.
-    fn unstrand(&mut self, through: impl Fn(Route) -> bool) {
+    /// A member came back: routes `through` it may work now. Lanes whose home passes through
+    /// it are no longer stranded, and no lane counts those routes as failed.
+    fn through_member_back(&mut self, through: impl Fn(Route) -> bool) {
+        let layout = self.lanes.layout;
         for lane in 0..self.stranded.len() {
-            if through(Route::home(&self.lanes.layout, lane)) {
+            if through(Route::home(&layout, lane)) {
                 self.stranded[lane] = false;
+            }
+            for r in rails(&layout).filter(|r| through(*r)) {
+                self.tried[lane] &= !route_bit(r);
             }
         }
     }

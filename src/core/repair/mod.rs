@@ -138,8 +138,10 @@ fn route_bit(r: Route) -> RouteSet {
 
 /// The route a broken lane moves to: its home route when both its members are up and it has not
 /// failed in this outage; else the rail whose members are up, that has not failed, and that
-/// carries the fewest lanes (`load`); else, when every live rail failed, the first live one (a
-/// path may have come back). `None` when no rail has both its members up.
+/// carries the fewest lanes (`load`). `None` when no such rail is left: the lane waits for a
+/// member to come back (trying a rail that failed again, with no sign that it works now, would
+/// cost the stream another round of retries, and keep a path that keeps losing its packets
+/// from ever failing the comm).
 pub fn plan_route(
     layout: &Layout,
     lane: usize,
@@ -151,12 +153,9 @@ pub fn plan_route(
     if health.allows(home) && failed & route_bit(home) == 0 {
         return Some(home);
     }
-    let live: Vec<Route> = rails(layout).filter(|r| health.allows(*r)).collect();
-    live.iter()
-        .copied()
-        .filter(|r| failed & route_bit(*r) == 0)
+    rails(layout)
+        .filter(|r| health.allows(*r) && failed & route_bit(*r) == 0)
         .min_by_key(|r| load(*r))
-        .or_else(|| live.first().copied())
 }
 
 /// What the glue must do, in order.
