@@ -506,6 +506,49 @@ fn a_path_flapping_five_times_wedges_nothing(cx: &mut Cx) {
     }
 }
 
+/// Receive a stream of `size_of(i)`-byte messages; after message `down_at` a thread takes
+/// `links` down for `outage` and brings them back. Returns how soon after their ports were
+/// ACTIVE again every one of `devs` carried traffic (asserted under the limit), and the
+/// longest wait for a message (asserted at least the outage).
+fn stream_through_an_outage(
+    cx: &Cx,
+    rc: *mut c_void,
+    size_of: fn(usize) -> usize,
+    (down_at, links, outage): (usize, &'static [&'static str], Duration),
+    devs: &'static [&'static str],
+) -> (Duration, Duration) {
+    let up: Arc<OnceLock<Comeback>> = Arc::default();
+    let mut cut = None;
+    let mut stalls = Stalls::default();
+    let mut comeback: Option<Comeback> = None;
+    stream_recv_sized(cx, rc, size_of, |i| {
+        stalls.message();
+        if i == down_at {
+            let up = Arc::clone(&up);
+            cut = Some(std::thread::spawn(move || {
+                for link in links {
+                    set_link(link, "down");
+                }
+                std::thread::sleep(outage);
+                let (comeback, restore) = bring_up(devs);
+                restore.join().unwrap();
+                let _ = up.set(comeback);
+            }));
+        }
+        if let Some(c) = comeback.as_mut() {
+            c.check();
+        } else if let Some(c) = up.get() {
+            comeback = Some(c.clone());
+        }
+    });
+    cut.expect("the links went down").join().unwrap();
+    let back = comeback
+        .expect("the links came back before the stream ended")
+        .within_limit();
+    assert!(stalls.longest >= outage, "the stream waited out the outage");
+    (back, stalls.longest)
+}
+
 /// Both paths of the fused connection down for 5 s, far less than the retry budget: the comm
 /// waits with no member left, then both members carry traffic again, no error, every byte
 /// right.
@@ -516,38 +559,16 @@ fn both_paths_down_for_five_seconds_and_back(cx: &mut Cx) {
     if cx.rank == 0 {
         let baseline = receiver_baseline();
         let rc = cx.accept_pair();
-        let up: Arc<OnceLock<Comeback>> = Arc::default();
-        let mut outage = None;
-        let mut stalls = Stalls::default();
-        let mut comeback: Option<Comeback> = None;
-        stream_recv(cx, rc, |i| {
-            stalls.message();
-            if i == DOWN_AT {
-                let up = Arc::clone(&up);
-                outage = Some(std::thread::spawn(move || {
-                    set_link("veth0", "down");
-                    set_link("veth2", "down");
-                    std::thread::sleep(OUTAGE);
-                    let (comeback, restore) = bring_up(&["rxe1", "rxe3"]);
-                    restore.join().unwrap();
-                    let _ = up.set(comeback);
-                }));
-            }
-            if let Some(c) = comeback.as_mut() {
-                c.check();
-            } else if let Some(c) = up.get() {
-                comeback = Some(c.clone());
-            }
-        });
-        outage.expect("the paths went down").join().unwrap();
-        let back = comeback
-            .expect("the paths came back before the stream ended")
-            .within_limit();
-        println!(
-            "NOTE both members carried traffic again {back:?} after their ports were ACTIVE; the longest wait for a message: {:?}",
-            stalls.longest
+        let (back, longest) = stream_through_an_outage(
+            cx,
+            rc,
+            whole,
+            (DOWN_AT, &["veth0", "veth2"], OUTAGE),
+            &["rxe1", "rxe3"],
         );
-        assert!(stalls.longest >= OUTAGE, "the stream waited out the outage");
+        println!(
+            "NOTE both members carried traffic again {back:?} after their ports were ACTIVE; the longest wait for a message: {longest:?}"
+        );
         cx.net.close_recv(rc);
         println!("EXPECT_STDERR rxe1+rxe3: member rxe");
         println!("EXPECT_STDERR no member is left: its connections wait for one to come back");
@@ -708,37 +729,11 @@ fn a_single_port_rides_out_a_five_second_outage(cx: &mut Cx) {
         assert_eq!(cx.net.device_name(cx.dev), "rxe1");
         let baseline = receiver_baseline();
         let rc = cx.accept_pair();
-        let mut outage = None;
-        let mut stalls = Stalls::default();
-        let up: Arc<OnceLock<Comeback>> = Arc::default();
-        let mut comeback: Option<Comeback> = None;
-        stream_recv_sized(cx, rc, mixed, |i| {
-            stalls.message();
-            if i == DOWN_AT {
-                let up = Arc::clone(&up);
-                outage = Some(std::thread::spawn(move || {
-                    set_link("veth0", "down");
-                    std::thread::sleep(OUTAGE);
-                    let (comeback, restore) = bring_up(&["rxe1"]);
-                    restore.join().unwrap();
-                    let _ = up.set(comeback);
-                }));
-            }
-            if let Some(c) = comeback.as_mut() {
-                c.check();
-            } else if let Some(c) = up.get() {
-                comeback = Some(c.clone());
-            }
-        });
-        outage.expect("the port went down").join().unwrap();
-        let back = comeback
-            .expect("the port came back before the stream ended")
-            .within_limit();
+        let (back, longest) =
+            stream_through_an_outage(cx, rc, mixed, (DOWN_AT, &["veth0"], OUTAGE), &["rxe1"]);
         println!(
-            "NOTE traffic again {back:?} after the port was ACTIVE; the longest wait for a message: {:?}",
-            stalls.longest
+            "NOTE traffic again {back:?} after the port was ACTIVE; the longest wait for a message: {longest:?}"
         );
-        assert!(stalls.longest >= OUTAGE, "the stream waited out the outage");
         cx.net.close_recv(rc);
         println!(
             "EXPECT_STDERR NET/RsIB: rxe1:1 went down (port event): its connections wait for it to come back"
@@ -768,6 +763,19 @@ macro_rules! two_paths {
             ("RSIB_TEST_DEV", $dev),
             $(($k, $v),)*
         ]
+    };
+}
+
+/// [`two_paths`] through ncclNet v8 with a retry budget of 0.47 s (`NCCL_IB_TIMEOUT=14`,
+/// `NCCL_IB_RETRY_CNT=6`; Soft-RoCE retries 7 forever).
+macro_rules! short_budget_v8 {
+    ($dev:literal) => {
+        two_paths!(
+            $dev,
+            "RSIB_TEST_ABI" => "8",
+            "NCCL_IB_TIMEOUT" => "14",
+            "NCCL_IB_RETRY_CNT" => "6",
+        )
     };
 }
 
@@ -865,39 +873,13 @@ pub(crate) const ONCE: &[Scenario] = &[
         name: "v8_both_paths_down_past_the_budget",
         ranks: 2,
         run: both_paths_down_past_the_budget,
-        env: &[
-            two_paths!(
-                "rxe1+rxe3",
-                "RSIB_TEST_ABI" => "8",
-                "NCCL_IB_TIMEOUT" => "14",
-                "NCCL_IB_RETRY_CNT" => "6",
-            ),
-            two_paths!(
-                "rxe2+rxe4",
-                "RSIB_TEST_ABI" => "8",
-                "NCCL_IB_TIMEOUT" => "14",
-                "NCCL_IB_RETRY_CNT" => "6",
-            ),
-        ],
+        env: &[short_budget_v8!("rxe1+rxe3"), short_budget_v8!("rxe2+rxe4")],
     },
     Scenario {
         name: "v8_an_idle_sender_does_not_stall_a_repair",
         ranks: 2,
         run: an_idle_sender_does_not_stall_a_repair,
-        env: &[
-            two_paths!(
-                "rxe1+rxe3",
-                "RSIB_TEST_ABI" => "8",
-                "NCCL_IB_TIMEOUT" => "14",
-                "NCCL_IB_RETRY_CNT" => "6",
-            ),
-            two_paths!(
-                "rxe2+rxe4",
-                "RSIB_TEST_ABI" => "8",
-                "NCCL_IB_TIMEOUT" => "14",
-                "NCCL_IB_RETRY_CNT" => "6",
-            ),
-        ],
+        env: &[short_budget_v8!("rxe1+rxe3"), short_budget_v8!("rxe2+rxe4")],
     },
     Scenario {
         name: "v12_a_single_port_rides_out_a_five_second_outage",
@@ -941,19 +923,6 @@ pub(crate) const ONCE: &[Scenario] = &[
         name: "v8_a_path_losing_every_packet_fails_over",
         ranks: 2,
         run: a_path_losing_every_packet_fails_over,
-        env: &[
-            two_paths!(
-                "rxe1+rxe3",
-                "RSIB_TEST_ABI" => "8",
-                "NCCL_IB_TIMEOUT" => "14",
-                "NCCL_IB_RETRY_CNT" => "6",
-            ),
-            two_paths!(
-                "rxe2+rxe4",
-                "RSIB_TEST_ABI" => "8",
-                "NCCL_IB_TIMEOUT" => "14",
-                "NCCL_IB_RETRY_CNT" => "6",
-            ),
-        ],
+        env: &[short_budget_v8!("rxe1+rxe3"), short_budget_v8!("rxe2+rxe4")],
     },
 ];
