@@ -24,7 +24,7 @@ use crate::core::proto::{Answer, Layout, SLOTS};
 use crate::core::repair::{
     Action, Cause, FollowRepair, Frame, GaveUp, Health, LaneSet, LeadRepair, MemberSet, Route,
 };
-use crate::core::wire::Endpoint;
+use crate::core::wire::{Endpoint, Hello};
 use crate::plugin::PLUGIN_NAME;
 
 /// `wr_id` kinds of a lane's drain markers, in its send and receive queue (the low bits: the
@@ -517,15 +517,19 @@ pub(super) trait Repairing: CommParts {
 }
 
 /// Log once per process that a peer takes no part in failover, where this side offered it.
-pub(super) fn log_failover(ctx: &DeviceContext, agreed: bool, remote: &str) {
+pub(super) fn log_failover(ctx: &DeviceContext, agreed: bool, peer: &Hello, remote: &str) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     if agreed || !ctx.config.port_failover {
         return;
     }
+    let why = if peer.failover {
+        "it uses quiet receives (NCCL_NET_RS_QUIET=1), which port failover does not cover"
+    } else {
+        "the peer does not offer it (an earlier version, or NCCL_IB_RESILIENCY_PORT_FAILOVER=0 there)"
+    };
     ONCE.call_once(|| {
         tracing::info!(
-            "NET/{PLUGIN_NAME}: no port failover on the connection with {remote}: the peer does \
-             not offer it (an earlier version, or NCCL_IB_RESILIENCY_PORT_FAILOVER=0 there); a \
+            "NET/{PLUGIN_NAME}: no port failover on the connection with {remote}: {why}; a \
              failed port fails such comms (logged once)"
         );
     });

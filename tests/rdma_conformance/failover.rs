@@ -718,9 +718,9 @@ fn an_idle_sender_does_not_stall_a_repair(cx: &mut Cx) {
 }
 
 /// A single-port connection (rxe1 against rxe2, eager messages on: NCCL_NET_RS_EAGER_BYTES's
-/// default) loses its only port for 5 s, far less than the retry budget, in a stream of eager
-/// and rendezvous messages: the comm waits for the port, then carries on, no error, every byte
-/// and size right.
+/// default; quiet receives, off by default, get no failover) loses its only port for 5 s, far
+/// less than the retry budget, in a stream of eager and rendezvous messages: the comm waits for
+/// the port, then carries on, no error, every byte and size right.
 fn a_single_port_rides_out_a_five_second_outage(cx: &mut Cx) {
     const STREAM: Duration = Duration::from_secs(30);
     const DOWN_AT: usize = 700;
@@ -860,13 +860,26 @@ pub(crate) const ONCE: &[Scenario] = &[
             two_paths!("rxe2+rxe4", "RSIB_TEST_ABI" => "12"),
         ],
     },
+    // NCCL_IB_TIMEOUT=18 (retry budget 7.5 s): on the test bed a link comes back a moment
+    // before its route does, and a packet a new QP sends in that moment is lost; it costs the
+    // retry timer (1.07 s here, 4.3 s with NCCL's default of 20).
     Scenario {
         name: "v12_both_paths_down_for_five_seconds_and_back",
         ranks: 2,
         run: both_paths_down_for_five_seconds_and_back,
         env: &[
-            two_paths!("rxe1+rxe3", "RSIB_TEST_ABI" => "12"),
-            two_paths!("rxe2+rxe4", "RSIB_TEST_ABI" => "12"),
+            two_paths!(
+                "rxe1+rxe3",
+                "RSIB_TEST_ABI" => "12",
+                "NCCL_IB_TIMEOUT" => "18",
+                "NCCL_IB_RETRY_CNT" => "6",
+            ),
+            two_paths!(
+                "rxe2+rxe4",
+                "RSIB_TEST_ABI" => "12",
+                "NCCL_IB_TIMEOUT" => "18",
+                "NCCL_IB_RETRY_CNT" => "6",
+            ),
         ],
     },
     Scenario {
@@ -895,27 +908,6 @@ pub(crate) const ONCE: &[Scenario] = &[
                 ("RSIB_TEST_ABI", "12"),
                 ("RSIB_TEST_DEV", "rxe2"),
                 ("NCCL_DEBUG", "INFO"),
-            ],
-        ],
-    },
-    Scenario {
-        name: "v8_a_single_port_with_quiet_receives_rides_out_a_five_second_outage",
-        ranks: 2,
-        run: a_single_port_rides_out_a_five_second_outage,
-        env: &[
-            &[
-                ("RSIB_TEST_ABI", "8"),
-                ("RSIB_TEST_DEV", "rxe1"),
-                ("NCCL_DEBUG", "INFO"),
-                ("NCCL_NET_RS_QUIET", "1"),
-                ("NCCL_NET_RS_EAGER_BYTES", "4096"),
-            ],
-            &[
-                ("RSIB_TEST_ABI", "8"),
-                ("RSIB_TEST_DEV", "rxe2"),
-                ("NCCL_DEBUG", "INFO"),
-                ("NCCL_NET_RS_QUIET", "1"),
-                ("NCCL_NET_RS_EAGER_BYTES", "4096"),
             ],
         ],
     },
