@@ -405,8 +405,9 @@ impl SendComm {
             if let Err(e) = self.check_alive() {
                 return Err(st.failed.record(e));
             }
-            if st.failover.is_some() {
-                // What it waits for may come only once a lane is repaired.
+            if self.failover_due(&mut st) {
+                // What it waits for may come only once a lane is repaired. (A healthy comm
+                // skips this: NCCL tests its requests, which progress it.)
                 self.progress(&mut st)?;
             }
             return Ok(None);
