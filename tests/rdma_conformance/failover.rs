@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::faults::{restore_veth, set_link};
+use super::faults::{after_both_failed, restore_veth, set_link};
 use super::*;
 
 /// Messages in flight on each side while a path fails.
@@ -89,19 +89,17 @@ fn stream_recv_sized(
     count.expect("the stream ended")
 }
 
-/// Send a stream of `MESSAGE`-byte messages, message `i` carrying `pattern(i)`, `WINDOW` in
-/// flight, and its end. Returns how many messages went.
-fn stream_send(cx: &Cx, sc: *mut c_void, length: Length) -> usize {
-    stream_send_sized(cx, sc, length, whole)
+/// The sending rank of a stream: connect, send messages of `size_of(i)` bytes (message `i`
+/// carrying `pattern(i)`, `WINDOW` in flight) and the stream's end, close. Returns how many
+/// messages went.
+fn sender(cx: &mut Cx, length: Length, size_of: fn(usize) -> usize) -> usize {
+    let sc = cx.connect_pair();
+    let sent = stream_send(cx, sc, length, size_of);
+    cx.net.close_send(sc);
+    sent
 }
 
-/// [`stream_send`] of messages of `size(i)` bytes.
-fn stream_send_sized(
-    cx: &Cx,
-    sc: *mut c_void,
-    length: Length,
-    size_of: fn(usize) -> usize,
-) -> usize {
+fn stream_send(cx: &Cx, sc: *mut c_void, length: Length, size_of: fn(usize) -> usize) -> usize {
     let mut bufs = vec![0u8; WINDOW * MESSAGE];
     let mh = cx.net.reg_mr(sc, &mut bufs);
     let base = bufs.as_mut_ptr();
@@ -183,9 +181,7 @@ fn a_member_path_fails_and_comes_back_mid_stream(cx: &mut Cx) {
     const UP_AT: usize = 1600;
     if cx.rank == 0 {
         assert_eq!(cx.net.device_name(cx.dev), "rxe1+rxe3");
-        // What is left once the comm is closed: the accept closes the listen comm's socket.
-        let mut baseline = resource_counts();
-        baseline[0].1 -= 1;
+        let baseline = receiver_baseline();
         let rc = cx.accept_pair();
         let mut down_at = None;
         let mut down_counts = None;
@@ -233,21 +229,18 @@ fn a_member_path_fails_and_comes_back_mid_stream(cx: &mut Cx) {
             "NOTE rxe3 carried traffic again {:?} after its port was ACTIVE",
             comeback.within_limit()
         );
-        cx.net.close_recv(rc);
-        println!(
-            "EXPECT_STDERR rxe1+rxe3: member rxe3:1 went down (port event): its connections carry on over rxe1:1"
-        );
-        println!("EXPECT_STDERR rxe1+rxe3: member rxe3:1 is active again");
-        assert_eq!(
-            resource_counts(),
-            baseline,
-            "every object of the comm is gone"
+        close_recv_at_baseline(
+            cx,
+            rc,
+            &baseline,
+            &[
+                "rxe1+rxe3: member rxe3:1 went down (port event): its connections carry on over rxe1:1",
+                "rxe1+rxe3: member rxe3:1 is active again",
+            ],
         );
     } else {
         assert_eq!(cx.net.device_name(cx.dev), "rxe2+rxe4");
-        let sc = cx.connect_pair();
-        assert_eq!(stream_send(cx, sc, Length::Messages(COUNT)), COUNT);
-        cx.net.close_send(sc);
+        assert_eq!(sender(cx, Length::Messages(COUNT), whole), COUNT);
         println!(
             "EXPECT_STDERR rxe2+rxe4: member rxe4:1 went down (port event): its connections carry on over rxe2:1"
         );
@@ -430,6 +423,20 @@ fn receiver_baseline() -> Vec<(String, usize)> {
     baseline
 }
 
+/// Close the receive comm, name the lines its log must hold (`EXPECT_STDERR`), and check that
+/// every fd and verbs object of the comm is gone (`baseline`: [`receiver_baseline`]).
+fn close_recv_at_baseline(cx: &Cx, rc: *mut c_void, baseline: &[(String, usize)], expect: &[&str]) {
+    cx.net.close_recv(rc);
+    for line in expect {
+        println!("EXPECT_STDERR {line}");
+    }
+    assert_eq!(
+        resource_counts(),
+        baseline,
+        "every object of the comm is gone"
+    );
+}
+
 /// veth2 (rxe3's path) flaps five times during a 60 s stream, twice in quick succession (the
 /// second time while its lanes are on their way home): no error, every byte right, and after
 /// the last flap rxe3 carries traffic again within the target.
@@ -491,18 +498,17 @@ fn a_path_flapping_five_times_wedges_nothing(cx: &mut Cx) {
         println!(
             "NOTE after the last flap rxe3 carried traffic again {back:?} after its port was ACTIVE"
         );
-        cx.net.close_recv(rc);
-        println!("EXPECT_STDERR rxe1+rxe3: member rxe3:1 went down (port event)");
-        println!("EXPECT_STDERR rxe1+rxe3: member rxe3:1 is active again");
-        assert_eq!(
-            resource_counts(),
-            baseline,
-            "every object of the comm is gone"
+        close_recv_at_baseline(
+            cx,
+            rc,
+            &baseline,
+            &[
+                "rxe1+rxe3: member rxe3:1 went down (port event)",
+                "rxe1+rxe3: member rxe3:1 is active again",
+            ],
         );
     } else {
-        let sc = cx.connect_pair();
-        stream_send(cx, sc, Length::For(STREAM));
-        cx.net.close_send(sc);
+        sender(cx, Length::For(STREAM), whole);
     }
 }
 
@@ -569,20 +575,19 @@ fn both_paths_down_for_five_seconds_and_back(cx: &mut Cx) {
         println!(
             "NOTE both members carried traffic again {back:?} after their ports were ACTIVE; the longest wait for a message: {longest:?}"
         );
-        cx.net.close_recv(rc);
-        println!("EXPECT_STDERR rxe1+rxe3: member rxe");
-        println!("EXPECT_STDERR no member is left: its connections wait for one to come back");
-        println!("EXPECT_STDERR rxe1+rxe3: member rxe1:1 is active again");
-        println!("EXPECT_STDERR rxe1+rxe3: member rxe3:1 is active again");
-        assert_eq!(
-            resource_counts(),
-            baseline,
-            "every object of the comm is gone"
+        close_recv_at_baseline(
+            cx,
+            rc,
+            &baseline,
+            &[
+                "rxe1+rxe3: member rxe",
+                "no member is left: its connections wait for one to come back",
+                "rxe1+rxe3: member rxe1:1 is active again",
+                "rxe1+rxe3: member rxe3:1 is active again",
+            ],
         );
     } else {
-        let sc = cx.connect_pair();
-        stream_send(cx, sc, Length::For(STREAM));
-        cx.net.close_send(sc);
+        sender(cx, Length::For(STREAM), whole);
     }
 }
 
@@ -611,13 +616,7 @@ fn both_paths_down_past_the_budget(cx: &mut Cx) {
             "EXPECT_STDERR no member of the connection came back within the retry budget \
              (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT): ports down: rxe1:1 (here), rxe3:1 (here)"
         );
-        let _sender_done = cx.peer();
-        restore_veth();
-        assert_eq!(
-            resource_counts(),
-            baseline,
-            "after the failure every object is gone"
-        );
+        after_both_failed(cx, &baseline);
     } else {
         let sc = cx.connect_pair();
         assert_eq!(send_until_error(cx, sc, limit), RC_REMOTE);
@@ -656,31 +655,41 @@ fn a_path_losing_every_packet_fails_over(cx: &mut Cx) {
             "NOTE longest wait for a message while the path lost every packet: {lossy:?} (in the whole stream: {:?})",
             stalls.longest
         );
-        cx.net.close_recv(rc);
-        println!("EXPECT_STDERR rxe1+rxe3: member rxe3:1 lost its path to rxe4:1 (");
-        println!("EXPECT_STDERR its connections carry on over rxe1:1");
-        assert_eq!(
-            resource_counts(),
-            baseline,
-            "every object of the comm is gone"
+        close_recv_at_baseline(
+            cx,
+            rc,
+            &baseline,
+            &[
+                "rxe1+rxe3: member rxe3:1 lost its path to rxe4:1 (",
+                "its connections carry on over rxe1:1",
+            ],
         );
     } else {
-        let sc = cx.connect_pair();
-        assert_eq!(stream_send(cx, sc, Length::Messages(COUNT)), COUNT);
-        cx.net.close_send(sc);
+        assert_eq!(sender(cx, Length::Messages(COUNT), whole), COUNT);
         println!("EXPECT_STDERR rxe2+rxe4: member rxe4:1 lost its path to rxe3:1 (");
     }
 }
 
-/// The sender makes no call on its comm for 12 s (nothing pending: NCCL polls only the comms
-/// it has requests on) while a path fails under the receiver's 32 posted receives: the
-/// sender's watcher thread takes part in the repair, so the receiver's comm does not fail
-/// (it would after 10 s, the limit of a repair with `NCCL_IB_TIMEOUT=14`), and the stream
-/// resumes, every byte right, as soon as the sender calls again.
-fn an_idle_sender_does_not_stall_a_repair(cx: &mut Cx) {
+/// Which rank makes no call on its comm while a path fails under a stream.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Idle {
+    /// Nothing pending there (NCCL polls only the comms it has requests on).
+    Sender,
+    /// Busy elsewhere right after the path failed, its 32 receives posted.
+    Receiver,
+}
+
+/// How long the idle rank makes no call: longer than a repair may take (10 s; the sender waits
+/// 5 s more), so an untended comm would fail.
+const IDLE: Duration = Duration::from_secs(16);
+
+/// One rank makes no call on its comm for [`IDLE`] while a path fails under the receiver's 32
+/// posted receives (`NCCL_IB_TIMEOUT=14`): that rank's watcher thread takes its part in the
+/// repair, so neither comm fails, and the stream goes on, every byte right, as soon as the
+/// idle rank calls again.
+fn a_repair_with_an_idle(cx: &mut Cx, idle: Idle) {
     const COUNT: usize = 400;
     const IDLE_AT: usize = 200;
-    const IDLE: Duration = Duration::from_secs(12);
     if cx.rank == 0 {
         let baseline = receiver_baseline();
         let rc = cx.accept_pair();
@@ -688,33 +697,45 @@ fn an_idle_sender_does_not_stall_a_repair(cx: &mut Cx) {
         let mut idle_gap = Duration::ZERO;
         let received = stream_recv(cx, rc, |i| {
             let gap = stalls.message();
-            if i == IDLE_AT {
-                idle_gap = gap;
-            }
-            if i == IDLE_AT - 1 {
-                set_link("veth2", "down");
+            match idle {
+                Idle::Sender if i == IDLE_AT - 1 => set_link("veth2", "down"),
+                Idle::Sender if i == IDLE_AT => idle_gap = gap,
+                Idle::Receiver if i == IDLE_AT => {
+                    set_link("veth2", "down");
+                    std::thread::sleep(IDLE);
+                }
+                Idle::Receiver if i == IDLE_AT + 1 => idle_gap = gap,
+                _ => {}
             }
         });
         assert_eq!(received, COUNT);
-        println!("NOTE the stream waited {idle_gap:?} for the idle sender");
+        println!("NOTE the stream waited {idle_gap:?} across the idle rank's pause");
         assert!(
             idle_gap < IDLE + Duration::from_secs(3),
-            "the stream resumed soon after the sender called again: {idle_gap:?}"
+            "the stream resumed soon after the idle rank called again: {idle_gap:?}"
         );
-        cx.net.close_recv(rc);
         restore_veth();
-        println!("EXPECT_STDERR rxe1+rxe3: member rxe3:1 went down (port event)");
-        assert_eq!(
-            resource_counts(),
-            baseline,
-            "every object of the comm is gone"
+        close_recv_at_baseline(
+            cx,
+            rc,
+            &baseline,
+            &["rxe1+rxe3: member rxe3:1 went down (port event)"],
         );
     } else {
-        let sc = cx.connect_pair();
-        let sent = stream_send(cx, sc, Length::Pausing(COUNT, IDLE_AT, IDLE));
-        assert_eq!(sent, COUNT);
-        cx.net.close_send(sc);
+        let length = match idle {
+            Idle::Sender => Length::Pausing(COUNT, IDLE_AT, IDLE),
+            Idle::Receiver => Length::Messages(COUNT),
+        };
+        assert_eq!(sender(cx, length, whole), COUNT);
     }
+}
+
+fn an_idle_sender_does_not_stall_a_repair(cx: &mut Cx) {
+    a_repair_with_an_idle(cx, Idle::Sender);
+}
+
+fn an_idle_receiver_does_not_stall_a_repair(cx: &mut Cx) {
+    a_repair_with_an_idle(cx, Idle::Receiver);
 }
 
 /// A single-port connection (rxe1 against rxe2, eager messages on: NCCL_NET_RS_EAGER_BYTES's
@@ -734,21 +755,18 @@ fn a_single_port_rides_out_a_five_second_outage(cx: &mut Cx) {
         println!(
             "NOTE traffic again {back:?} after the port was ACTIVE; the longest wait for a message: {longest:?}"
         );
-        cx.net.close_recv(rc);
-        println!(
-            "EXPECT_STDERR NET/RsIB: rxe1:1 went down (port event): its connections wait for it to come back"
-        );
-        println!("EXPECT_STDERR NET/RsIB: rxe1:1 is active again: its connections use it again");
-        assert_eq!(
-            resource_counts(),
-            baseline,
-            "every object of the comm is gone"
+        close_recv_at_baseline(
+            cx,
+            rc,
+            &baseline,
+            &[
+                "NET/RsIB: rxe1:1 went down (port event): its connections wait for it to come back",
+                "NET/RsIB: rxe1:1 is active again: its connections use it again",
+            ],
         );
     } else {
         assert_eq!(cx.net.device_name(cx.dev), "rxe2");
-        let sc = cx.connect_pair();
-        stream_send_sized(cx, sc, Length::For(STREAM), mixed);
-        cx.net.close_send(sc);
+        sender(cx, Length::For(STREAM), mixed);
     }
 }
 
@@ -892,6 +910,12 @@ pub(crate) const ONCE: &[Scenario] = &[
         name: "v8_an_idle_sender_does_not_stall_a_repair",
         ranks: 2,
         run: an_idle_sender_does_not_stall_a_repair,
+        env: &[short_budget_v8!("rxe1+rxe3"), short_budget_v8!("rxe2+rxe4")],
+    },
+    Scenario {
+        name: "v8_an_idle_receiver_does_not_stall_a_repair",
+        ranks: 2,
+        run: an_idle_receiver_does_not_stall_a_repair,
         env: &[short_budget_v8!("rxe1+rxe3"), short_budget_v8!("rxe2+rxe4")],
     },
     Scenario {

@@ -468,6 +468,18 @@ fn unrelated_non_utf8_variable_leaves_init_working(cx: &mut Cx) {
     }
 }
 
+/// After a comm failed on both sides: wait for the sender to be done (its `HANDLE` line),
+/// bring the links back, and check that every fd and verbs object of the comm is gone.
+pub(crate) fn after_both_failed(cx: &mut Cx, baseline: &[(String, usize)]) {
+    let _sender_done = cx.peer();
+    restore_veth();
+    assert_eq!(
+        resource_counts(),
+        baseline,
+        "after the failure every object is gone"
+    );
+}
+
 /// Every veth end up, with its routes and neighbours back (the kernel drops them when an end
 /// goes down; on a real network ARP would find the peer again).
 pub(crate) fn restore_veth() {
@@ -532,13 +544,7 @@ fn netdev_down_under_a_fused_member(cx: &mut Cx) {
         );
         cx.net.close_recv(rc);
         cx.net.dereg_mr(std::ptr::null_mut(), mh);
-        let _sender_done = cx.peer();
-        restore_veth();
-        assert_eq!(
-            resource_counts(),
-            baseline,
-            "after the failure every object is gone"
-        );
+        after_both_failed(cx, &baseline);
         cx.net.close_listen(cx.lc);
     } else {
         cx.net.close_listen(cx.lc);
