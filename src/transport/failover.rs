@@ -176,6 +176,7 @@ impl<R: Repair> Failover<R> {
     /// away from home, or a port event, a failed QP or a frame not looked at yet. Atomics only:
     /// the watcher asks at every tick, so that a repair never waits for a client that stopped
     /// calling on this comm (NCCL polls only the comms it has requests on).
+    #[inline]
     pub(super) fn due(&self, ctx: &DeviceContext, link: &PeerLink) -> bool {
         !self.settled
             || link.has_frames()
@@ -252,6 +253,7 @@ impl<R: Repair> Failover<R> {
                     && self.draining.iter().all(Option::is_none);
             }
         }
+        link.set_repairing(!self.settled);
         Ok(actions)
     }
 
@@ -476,11 +478,15 @@ pub(super) trait Repairing: CommParts {
         }
     }
 
-    /// Take what port events and the peer's frames say, and do what the repairs ask.
+    /// Take what port events and the peer's frames say, and do what the repairs ask. A healthy
+    /// comm's every progress comes here: it reads a few atomics and returns.
     fn tend_failover(&self, st: &mut Self::State) -> Result<()> {
         let (Some(f), Some(link)) = (Self::failover(st), self.link()) else {
             return Ok(());
         };
+        if !f.due(self.ctx(), link.link()) {
+            return Ok(());
+        }
         match f.poll(self.ctx(), link.link(), self.qps()) {
             Ok(actions) => self.run_actions(st, actions),
             Err(e) => Err(Self::failure(st).record(e)),

@@ -20,7 +20,7 @@ use super::held::{self, PostQueue};
 use super::mr::MrHandle;
 use super::profile::{Events, Parent, QpEvent};
 use super::quiet_wait::QuietWait;
-use super::watch::{ClientProgress, PeerState, Tend, Tick, Watched};
+use super::watch::{ClientProgress, PeerState, Tend, Tick, Watched, busy_tick};
 use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
 use crate::core::eager::{self, Announced};
@@ -149,6 +149,9 @@ pub struct RecvComm {
     pub(super) remote: String,
     /// The out-of-band connection, watched for the sender's end; set when the handshake ends.
     pub(super) link: Option<Watched>,
+    /// It uses quiet receives (as its layout says; here for the watcher, which does not wait
+    /// for the state's lock).
+    quiet: bool,
     pub(super) state: Mutex<RecvState>,
 }
 
@@ -260,6 +263,7 @@ impl RecvComm {
             local,
             remote: remote_desc,
             link: None,
+            quiet: layout.quiet,
             state: Mutex::new(RecvState {
                 proto: RecvSide::new(layout),
                 failed: Failure::default(),
@@ -905,15 +909,11 @@ impl Tend for RecvComm {
 
     fn tend(&self) -> Tick {
         let Some(mut st) = self.state.try_lock() else {
-            return Tick::Idle;
+            return busy_tick(self.quiet, self.link.as_ref());
         };
         let polled = st.client.since_last_tick();
         // Quiet receives may come due by the clock alone; failover only by an event.
-        let idle = if st.proto.layout().quiet {
-            Tick::Idle
-        } else {
-            Tick::Quiet
-        };
+        let idle = if self.quiet { Tick::Idle } else { Tick::Quiet };
         if st.failed.check().is_err() {
             return idle;
         }

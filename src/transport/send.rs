@@ -18,7 +18,7 @@ use super::failover::{Failover, Repairing, log_failover};
 use super::held::Builder;
 use super::mr::MrHandle;
 use super::profile::{Events, Parent, QpEvent};
-use super::watch::{ClientProgress, Tend, Tended, Tick, Watched};
+use super::watch::{ClientProgress, Tend, Tended, Tick, Watched, busy_tick};
 use super::wire_io::HandshakeStream;
 use crate::core::config::MAX_FUSED_MEMBERS;
 use crate::core::config::Traffic;
@@ -924,7 +924,7 @@ impl Tend for SendComm {
 
     fn tend(&self) -> Tick {
         let Some(mut st) = self.state.try_lock() else {
-            return Tick::Idle;
+            return busy_tick(self.layout.quiet, self.link.as_ref());
         };
         let polled = st.client.since_last_tick();
         let idle = if self.layout.quiet {

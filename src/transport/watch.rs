@@ -87,6 +87,9 @@ pub(super) struct PeerLink {
     inbox: Mutex<Inbox>,
     /// The inbox holds frames (read without its lock on every progress).
     has_frames: AtomicBool,
+    /// The comm has a repair under way: the watcher keeps ticking it even while its client is
+    /// in a call (a healthy comm busy in one needs no tick: that call makes its progress).
+    repairing: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -145,6 +148,23 @@ impl PeerLink {
                     self.peer
                 ),
             )),
+        }
+    }
+
+    /// Whether the comm said it has a repair under way ([`Self::set_repairing`]).
+    pub(super) fn repairing(&self) -> bool {
+        self.repairing.load(Ordering::Acquire)
+    }
+
+    /// The comm has a repair under way (`true`) or is healthy again. When one starts, the
+    /// watcher is woken to tick the comm: a client that stops calling right after must not
+    /// leave the repair waiting for the watcher's idle timeout.
+    pub(super) fn set_repairing(&self, on: bool) {
+        if self.repairing.swap(on, Ordering::AcqRel) != on
+            && on
+            && let Some(watcher) = WATCHER.get()
+        {
+            watcher.wake.notify();
         }
     }
 
@@ -312,6 +332,7 @@ impl Watched {
             framed,
             inbox: Mutex::new(Inbox::default()),
             has_frames: AtomicBool::new(false),
+            repairing: AtomicBool::new(false),
         });
         let key = Watcher::get()?.register(link.fd, Target::Link(Arc::clone(&link)))?;
         Ok(Self { link, key })
@@ -576,6 +597,17 @@ impl Tick {
         } else {
             Self::ClientAway
         }
+    }
+}
+
+/// The tick a tended comm asks for when its client is in a call (the comm's lock is taken): a
+/// comm with `quiet` receives or a repair under way ticks on; any other is healthy, and the
+/// call makes its progress.
+pub(super) fn busy_tick(quiet: bool, link: Option<&Watched>) -> Tick {
+    if quiet || link.is_some_and(|l| l.link().repairing()) {
+        Tick::Idle
+    } else {
+        Tick::Quiet
     }
 }
 
