@@ -229,6 +229,7 @@ impl<R: Repair> Failover<R> {
         if !frames.is_empty() {
             let now = Instant::now();
             for frame in frames {
+                tracing::debug!("NET/{PLUGIN_NAME}: the peer says {frame:?}");
                 if let Frame::Broken { lanes, down } = frame {
                     self.note_peer_lost(ctx, lanes, down);
                 }
@@ -371,6 +372,7 @@ impl<R: Repair> Failover<R> {
     }
 
     fn drained(&mut self, lane: usize) -> Vec<Action> {
+        tracing::debug!("NET/{PLUGIN_NAME}: lane {lane}: its old QP is drained");
         self.draining[lane] = None;
         // Actions that waited for this lane.
         let (ready, rest): (Vec<Action>, Vec<Action>) = std::mem::take(&mut self.deferred)
@@ -384,6 +386,7 @@ impl<R: Repair> Failover<R> {
 
     /// Keep `action` until `lane`'s old QP is drained.
     pub(super) fn defer(&mut self, action: Action) {
+        tracing::debug!("NET/{PLUGIN_NAME}: {action:?} waits for the lane's old QP to drain");
         self.deferred.push(action);
     }
 }
@@ -565,9 +568,16 @@ impl Repairing for SendComm {
                     f.defer(action);
                     return Ok(Vec::new());
                 }
+                if !f.core.connecting(lane, epoch) {
+                    // Refused or replaced while the old QP drained.
+                    return Ok(Vec::new());
+                }
                 let made = connect_lane(self, f, lane, route, qpn);
                 let qp = match made {
-                    Ok(qpn) => Some((qpn, 0)),
+                    Ok(qpn) => {
+                        tracing::debug!("NET/{PLUGIN_NAME}: lane {lane}: QP {qpn} connected");
+                        Some((qpn, 0))
+                    }
                     Err(e) => {
                         tracing::info!("NET/{PLUGIN_NAME}: lane {lane}: refusing the offer: {e}");
                         None

@@ -96,13 +96,44 @@ impl FollowRepair {
         let (since, failed) = match state {
             Follow::Broken { .. } => return Vec::new(),
             Follow::Up(route) => (now, route),
-            Follow::Connecting { since, route, .. } | Follow::Accepted { since, route, .. } => {
-                (since, route)
+            // The offer's QP is not made yet (it waits for the old one's drain): refuse the
+            // offer, which the receiver reads as this epoch's failure (a `Broken` there would
+            // be taken for the old QP's).
+            Follow::Connecting {
+                since,
+                epoch,
+                route,
+            } => {
+                self.lanes.causes[lane].get_or_insert(cause);
+                self.lanes.states[lane] = Follow::Broken {
+                    since,
+                    failed: route,
+                };
+                return vec![Action::Send(self.refusal(lane, epoch))];
             }
+            Follow::Accepted { since, route, .. } => (since, route),
         };
         self.lanes.causes[lane].get_or_insert(cause);
         self.lanes.states[lane] = Follow::Broken { since, failed };
         flush_and_tell(lane, cause, self.lanes.health)
+    }
+
+    /// The frame that refuses repair `epoch` of `lane`.
+    fn refusal(&self, lane: usize, epoch: u32) -> Frame {
+        Frame::Refuse {
+            lane: lane_byte(lane),
+            epoch,
+            down: self.lanes.health.local_down,
+        }
+    }
+
+    /// Whether repair `epoch` of `lane` still wants its QP connected (the offer was not
+    /// refused or replaced while the lane's old QP drained).
+    pub fn connecting(&self, lane: usize, epoch: u32) -> bool {
+        matches!(
+            self.lanes.states.get(lane),
+            Some(Follow::Connecting { epoch: e, .. }) if *e == epoch
+        )
     }
 
     /// This side's member `m` went down (`true`) or came back: the receiver learns it.
@@ -175,11 +206,7 @@ impl FollowRepair {
                         since,
                         failed: route,
                     };
-                    actions.push(Action::Send(Frame::Refuse {
-                        lane: lane_byte(lane),
-                        epoch,
-                        down: self.lanes.health.local_down,
-                    }));
+                    actions.push(Action::Send(self.refusal(lane, epoch)));
                     return actions;
                 }
                 self.lanes.states[lane] = Follow::Connecting {
@@ -261,11 +288,7 @@ impl FollowRepair {
                 };
                 vec![
                     Action::Discard { lane },
-                    Action::Send(Frame::Refuse {
-                        lane: lane_byte(lane),
-                        epoch,
-                        down: self.lanes.health.local_down,
-                    }),
+                    Action::Send(self.refusal(lane, epoch)),
                 ]
             }
         }

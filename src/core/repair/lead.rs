@@ -68,7 +68,7 @@ impl LaneState for Lead {
 #[derive(Debug)]
 pub struct LeadRepair {
     pub(super) lanes: Lanes<Lead>,
-    epochs: Vec<u32>,
+    pub(super) epochs: Vec<u32>,
     /// Per lane, the routes that failed since it went down.
     tried: Vec<RouteSet>,
     /// When each member of this side and of the peer last came back (`None`: never down).
@@ -238,7 +238,14 @@ impl LeadRepair {
             Frame::Broken { lanes, down } => {
                 let mut actions = self.remote_health(down, now);
                 for lane in 0..self.lanes.states.len() {
-                    if lanes & (1u128 << lane) != 0 {
+                    // A lane whose repair the sender has not accepted yet: the frame is about
+                    // the QP before it (the sender writes it before it reads the offer, and
+                    // refuses an offer whose QP fails), not a failure of the new route.
+                    let unaccepted = matches!(
+                        self.lanes.states[lane],
+                        Lead::Creating { .. } | Lead::Offered { .. }
+                    );
+                    if lanes & (1u128 << lane) != 0 && !unaccepted {
                         actions.extend(self.broken(lane, Cause::Peer, now));
                     }
                 }

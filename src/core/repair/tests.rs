@@ -235,6 +235,91 @@ fn an_offer_to_a_member_the_sender_lost_is_refused_and_made_again_elsewhere() {
 }
 
 #[test]
+fn a_member_down_on_both_sides_moves_its_lanes_once_whichever_side_hears_first() {
+    // The same link fails under both sides: the receiver's port event comes first and it
+    // offers lanes 1 and 3 on members 0; the sender's word that they broke, written before it
+    // read the offers, arrives after. That word is about the old QPs: the offers stand (taken
+    // for a failure of the new route, it left the lanes waiting with every port they need up).
+    let mut p = Pair::new(fused(2, 2));
+    p.lead_dead = 0b10;
+    p.follow_dead = 0b10;
+    let actions = p.lead.local_member(1, true, p.now);
+    p.lead_actions(actions);
+    let actions = p.follow.local_member(1, true, p.now);
+    p.follow_actions(actions);
+    let told: LaneSet = p
+        .to_receiver
+        .iter()
+        .map(|f| match f {
+            Frame::Broken { lanes, .. } => *lanes,
+            _ => 0,
+        })
+        .fold(0, |a, b| a | b);
+    assert_eq!(told, 0b1010, "{:?}", p.to_receiver);
+    p.settle();
+    assert!(
+        p.lead.all_up() && p.follow.all_up(),
+        "{:?}",
+        p.lead.lanes.states
+    );
+    let zero = Route {
+        local: 0,
+        remote: 0,
+    };
+    for lane in 0..4 {
+        assert_eq!(p.lead.route(lane), zero, "lane {lane}");
+    }
+    assert_eq!(p.lead.epochs, vec![0, 1, 0, 1], "one repair per moved lane");
+    p.assert_agree();
+}
+
+#[test]
+fn an_offer_whose_member_goes_down_before_its_qp_is_made_is_refused() {
+    let mut p = Pair::new(fused(3, 1));
+    let actions = p.lead.broken(0, Cause::Completion(12), p.now);
+    p.lead_actions(actions);
+    // The sender reads the offer; its connect waits for the old QP's drain (the glue holds it).
+    let (mut offer, mut rest) = (None, Vec::new());
+    while let Some(frame) = p.to_sender.pop_front() {
+        for a in p.follow.handle(frame, p.now) {
+            match a {
+                Action::Connect { epoch, route, .. } => offer = Some((epoch, route)),
+                other => rest.push(other),
+            }
+        }
+    }
+    p.follow_actions(rest);
+    let (epoch, route) = offer.expect("an offer");
+    assert!(p.follow.connecting(0, epoch));
+    // Meanwhile the offered member goes down here.
+    p.follow_dead = bit(route.local);
+    let actions = p.follow.local_member(route.local, true, p.now);
+    assert!(
+        actions.contains(&Action::Send(Frame::Refuse {
+            lane: 0,
+            epoch,
+            down: bit(route.local),
+        })),
+        "{actions:?}"
+    );
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::Send(Frame::Broken { lanes, .. }) if lanes & 1 != 0)),
+        "a Broken would be taken for the old QP's: {actions:?}"
+    );
+    assert!(
+        !p.follow.connecting(0, epoch),
+        "the held connect is dropped"
+    );
+    p.follow_actions(actions);
+    p.settle();
+    assert!(p.lead.all_up() && p.follow.all_up());
+    assert_ne!(p.follow.route(0).local, route.local);
+    p.assert_agree();
+}
+
+#[test]
 fn a_lane_whose_every_rail_failed_waits_for_a_member_and_then_fails_past_the_budget() {
     // One member a side, its path losing packets with the ports up: no rail is left to try,
     // so the lane waits (retrying the path with no sign that it works would never end).
