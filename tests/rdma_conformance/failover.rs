@@ -881,6 +881,10 @@ pub(crate) const ONCE: &[Scenario] = &[
     // NCCL_IB_TIMEOUT=18 (retry budget 7.5 s): on the test bed a link comes back a moment
     // before its route does, and a packet a new QP sends in that moment is lost; it costs the
     // retry timer (1.07 s here, 4.3 s with NCCL's default of 20).
+    // NCCL_SOCKET_IFNAME=lo: the out-of-band connection, which carries the repair's frames,
+    // does not cross the failed links, as on a cluster whose management network carries it
+    // (over a failed link TCP backs off through the outage, and its next retransmission can
+    // come seconds after the link is back: docs/fusion.md).
     Scenario {
         name: "v12_both_paths_down_for_five_seconds_and_back",
         ranks: 2,
@@ -891,12 +895,14 @@ pub(crate) const ONCE: &[Scenario] = &[
                 "RSIB_TEST_ABI" => "12",
                 "NCCL_IB_TIMEOUT" => "18",
                 "NCCL_IB_RETRY_CNT" => "6",
+                "NCCL_SOCKET_IFNAME" => "lo",
             ),
             two_paths!(
                 "rxe2+rxe4",
                 "RSIB_TEST_ABI" => "12",
                 "NCCL_IB_TIMEOUT" => "18",
                 "NCCL_IB_RETRY_CNT" => "6",
+                "NCCL_SOCKET_IFNAME" => "lo",
             ),
         ],
     },
@@ -918,6 +924,8 @@ pub(crate) const ONCE: &[Scenario] = &[
         run: an_idle_receiver_does_not_stall_a_repair,
         env: &[short_budget_v8!("rxe1+rxe3"), short_budget_v8!("rxe2+rxe4")],
     },
+    // The out-of-band connection on loopback and a retry timer of 1.07 s: as the scenario
+    // of both paths down above.
     Scenario {
         name: "v12_a_single_port_rides_out_a_five_second_outage",
         ranks: 2,
@@ -927,11 +935,15 @@ pub(crate) const ONCE: &[Scenario] = &[
                 ("RSIB_TEST_ABI", "12"),
                 ("RSIB_TEST_DEV", "rxe1"),
                 ("NCCL_DEBUG", "INFO"),
+                ("NCCL_IB_TIMEOUT", "18"),
+                ("NCCL_SOCKET_IFNAME", "lo"),
             ],
             &[
                 ("RSIB_TEST_ABI", "12"),
                 ("RSIB_TEST_DEV", "rxe2"),
                 ("NCCL_DEBUG", "INFO"),
+                ("NCCL_IB_TIMEOUT", "18"),
+                ("NCCL_SOCKET_IFNAME", "lo"),
             ],
         ],
     },
