@@ -93,9 +93,9 @@ impl FollowRepair {
         let Some(state) = self.lanes.states.get(lane).copied() else {
             return Vec::new();
         };
-        let (since, failed) = match state {
+        let (since, failed, offer) = match state {
             Follow::Broken { .. } => return Vec::new(),
-            Follow::Up(route) => (now, route),
+            Follow::Up(route) => (now, route, None),
             // The offer's QP is not made yet (it waits for the old one's drain): refuse the
             // offer, which the receiver reads as this epoch's failure (a `Broken` there would
             // be taken for the old QP's).
@@ -103,28 +103,29 @@ impl FollowRepair {
                 since,
                 epoch,
                 route,
-            } => {
-                self.lanes.causes[lane].get_or_insert(cause);
-                self.lanes.states[lane] = Follow::Broken {
-                    since,
-                    failed: route,
-                };
-                return vec![Action::Send(self.refusal(lane, epoch))];
-            }
-            Follow::Accepted { since, route, .. } => (since, route),
+            } => (since, route, Some(epoch)),
+            Follow::Accepted { since, route, .. } => (since, route, None),
         };
         self.lanes.causes[lane].get_or_insert(cause);
+        if let Some(epoch) = offer {
+            return vec![self.refuse(lane, epoch, since, failed)];
+        }
         self.lanes.states[lane] = Follow::Broken { since, failed };
         flush_and_tell(lane, cause, self.lanes.health)
     }
 
-    /// The frame that refuses repair `epoch` of `lane`.
-    fn refusal(&self, lane: usize, epoch: u32) -> Frame {
-        Frame::Refuse {
+    /// Refuse repair `epoch` of `lane` (on `route`, down since `since`): the lane waits, broken,
+    /// for the receiver's next offer. Returns the frame to send.
+    fn refuse(&mut self, lane: usize, epoch: u32, since: Instant, route: Route) -> Action {
+        self.lanes.states[lane] = Follow::Broken {
+            since,
+            failed: route,
+        };
+        Action::Send(Frame::Refuse {
             lane: lane_byte(lane),
             epoch,
             down: self.lanes.health.local_down,
-        }
+        })
     }
 
     /// Whether repair `epoch` of `lane` still wants its QP connected (the offer was not
@@ -202,11 +203,7 @@ impl FollowRepair {
                 if self.lanes.health.local_down & bit(send_member) != 0
                     || usize::from(send_member) >= self.lanes.layout.local_members
                 {
-                    self.lanes.states[lane] = Follow::Broken {
-                        since,
-                        failed: route,
-                    };
-                    actions.push(Action::Send(self.refusal(lane, epoch)));
+                    actions.push(self.refuse(lane, epoch, since, route));
                     return actions;
                 }
                 self.lanes.states[lane] = Follow::Connecting {
@@ -281,16 +278,10 @@ impl FollowRepair {
                     psn,
                 })]
             }
-            None => {
-                self.lanes.states[lane] = Follow::Broken {
-                    since,
-                    failed: route,
-                };
-                vec![
-                    Action::Discard { lane },
-                    Action::Send(self.refusal(lane, epoch)),
-                ]
-            }
+            None => vec![
+                Action::Discard { lane },
+                self.refuse(lane, epoch, since, route),
+            ],
         }
     }
 
