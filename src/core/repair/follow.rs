@@ -96,9 +96,15 @@ impl FollowRepair {
         let (since, failed, offer) = match state {
             Follow::Broken { .. } => return Vec::new(),
             Follow::Up(route) => (now, route, None),
-            // The offer's QP is not made yet (it waits for the old one's drain): refuse the
-            // offer, which the receiver reads as this epoch's failure (a `Broken` there would
-            // be taken for the old QP's).
+            // The offer's QP is not made yet (it waits for the old one's drain), so a QP
+            // failure now is the old QP's (rxe reports its fatal event after the retries ran
+            // out, which can be after the offer came): the offer stands.
+            Follow::Connecting { .. } if matches!(cause, Cause::QpFatal | Cause::Completion(_)) => {
+                return Vec::new();
+            }
+            // Its member or the receiver says the offer's route is gone: refuse the offer,
+            // which the receiver reads as this epoch's failure (a `Broken` there would be taken
+            // for the old QP's).
             Follow::Connecting {
                 since,
                 epoch,

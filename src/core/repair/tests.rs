@@ -273,12 +273,13 @@ fn a_member_down_on_both_sides_moves_its_lanes_once_whichever_side_hears_first()
     p.assert_agree();
 }
 
-#[test]
-fn an_offer_whose_member_goes_down_before_its_qp_is_made_is_refused() {
+/// Lane 0 of a fused pair (3 members against 1) fails on the receiver, which offers it a new
+/// QP; the sender reads the offer, whose connect the glue holds for the old QP's drain.
+/// Returns the pair and the offer's epoch and route.
+fn an_offer_held_for_the_drain() -> (Pair, u32, Route) {
     let mut p = Pair::new(fused(3, 1));
     let actions = p.lead.broken(0, Cause::Completion(12), p.now);
     p.lead_actions(actions);
-    // The sender reads the offer; its connect waits for the old QP's drain (the glue holds it).
     let (mut offer, mut rest) = (None, Vec::new());
     while let Some(frame) = p.to_sender.pop_front() {
         for a in p.follow.handle(frame, p.now) {
@@ -291,6 +292,12 @@ fn an_offer_whose_member_goes_down_before_its_qp_is_made_is_refused() {
     p.follow_actions(rest);
     let (epoch, route) = offer.expect("an offer");
     assert!(p.follow.connecting(0, epoch));
+    (p, epoch, route)
+}
+
+#[test]
+fn an_offer_whose_member_goes_down_before_its_qp_is_made_is_refused() {
+    let (mut p, epoch, route) = an_offer_held_for_the_drain();
     // Meanwhile the offered member goes down here.
     p.follow_dead = bit(route.local);
     let actions = p.follow.local_member(route.local, true, p.now);
@@ -317,6 +324,15 @@ fn an_offer_whose_member_goes_down_before_its_qp_is_made_is_refused() {
     assert!(p.lead.all_up() && p.follow.all_up());
     assert_ne!(p.follow.route(0).local, route.local);
     p.assert_agree();
+}
+
+#[test]
+fn the_old_qps_late_fatal_event_does_not_refuse_an_offer_on_a_live_route() {
+    let (mut p, epoch, _) = an_offer_held_for_the_drain();
+    // The old QP's fatal event (its retries ran out) comes now.
+    let actions = p.follow.broken(0, Cause::QpFatal, p.now);
+    assert_eq!(actions, Vec::new(), "the offer stands");
+    assert!(p.follow.connecting(0, epoch), "the held connect still goes");
 }
 
 #[test]
