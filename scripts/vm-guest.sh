@@ -16,6 +16,7 @@
 #
 # usage: vm-guest.sh WORKDIR
 #        vm-guest.sh --restore-veth        (inside the VM: every veth end up, routes back)
+#        vm-guest.sh --veth-restore-batch  (the `ip -batch` lines that --restore-veth runs)
 #        vm-guest.sh --second-path up|down (inside the VM: make or remove veth2/veth3, rxe3/rxe4)
 work="$1"
 
@@ -63,20 +64,32 @@ remove_veth_pair() { # remove_veth_pair END_A END_B ADDRESS_A ADDRESS_B RULE_PRE
   for offset in 0 1 10 11; do ip rule del pref $(($5 + offset)) || return 1; done
 }
 
-if [ "$work" = --restore-veth ]; then
-  # One `ip -batch`: the links come up with their routes and neighbours in the same few
-  # milliseconds, as a network's ARP would find the peer at once (separate commands left a
-  # window of hundreds of ms in the VM in which a QP connected over a link that was up but
-  # had no route yet).
+# One `ip -batch`: the links come up with their routes and neighbours in the same few
+# milliseconds, as a network's ARP would find the peer at once (separate commands left a
+# window of hundreds of ms in the VM in which a QP connected over a link that was up but had
+# no route yet). Tests that time an outage read the lines ahead and run only `ip -batch`
+# when it ends: each process this script starts costs up to hundreds of ms in a loaded VM.
+veth_restore_batch() {
+  local pair a b ia ib
   for pair in "${PAIRS[@]}"; do
     read -r a b ia ib _ <<<"$pair"
     [ -e "/sys/class/net/$a" ] || continue
     echo "link set $a up"
     echo "link set $b up"
     veth_routes "$a" "$b" "$ia" "$ib"
-  done | ip -batch - || exit 1
-  exit
-fi
+  done
+}
+
+case "$work" in
+  --restore-veth)
+    batch=$(veth_restore_batch) && ip -batch - <<<"$batch"
+    exit
+    ;;
+  --veth-restore-batch)
+    veth_restore_batch
+    exit
+    ;;
+esac
 
 if [ "$work" = --second-path ]; then
   case "$2" in

@@ -483,21 +483,49 @@ pub(crate) fn after_both_failed(cx: &mut Cx, baseline: &[(String, usize)]) {
 /// Every veth end up, with its routes and neighbours back (the kernel drops them when an end
 /// goes down; on a real network ARP would find the peer again).
 pub(crate) fn restore_veth() {
-    let restore = Command::new("bash")
+    ip_batch(&veth_restore_batch());
+}
+
+/// The `ip -batch` lines that bring every veth end back (`vm-guest.sh --veth-restore-batch`):
+/// read ahead by a test that times an outage, so that ending it starts one process.
+pub(crate) fn veth_restore_batch() -> String {
+    let out = Command::new("bash")
         .arg(crate::support::repo_root().join("scripts/vm-guest.sh"))
-        .arg("--restore-veth")
-        .status()
+        .arg("--veth-restore-batch")
+        .output()
         .unwrap();
-    assert!(restore.success(), "vm-guest.sh --restore-veth");
+    assert!(out.status.success(), "vm-guest.sh --veth-restore-batch");
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// `ip link set DEV STATE`.
 pub(crate) fn set_link(dev: &str, state: &str) {
-    let status = Command::new("ip")
-        .args(["link", "set", dev, state])
-        .status()
+    set_links(&[dev], state);
+}
+
+/// `ip link set DEV STATE` for every one of `devs`, in one process.
+pub(crate) fn set_links(devs: &[&str], state: &str) {
+    let batch: String = devs
+        .iter()
+        .map(|dev| format!("link set {dev} {state}\n"))
+        .collect();
+    ip_batch(&batch);
+}
+
+/// `ip -batch -` with `commands`.
+pub(crate) fn ip_batch(commands: &str) {
+    let mut ip = Command::new("ip")
+        .args(["-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
-    assert!(status.success(), "ip link set {dev} {state}");
+    ip.stdin
+        .take()
+        .unwrap()
+        .write_all(commands.as_bytes())
+        .unwrap();
+    let status = ip.wait().unwrap();
+    assert!(status.success(), "ip -batch:\n{commands}");
 }
 
 /// A fused rxe1+rxe2 connection loses veth1 (rxe2's netdev) mid-stream, which takes both
