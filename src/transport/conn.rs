@@ -416,13 +416,11 @@ pub(super) fn local_hello(
     }
 }
 
-/// Whether a connection repairs its lanes when a port or path fails: when both sides offer it
-/// and it has no quiet receives (`NCCL_NET_RS_QUIET=1`, off by default: their repair fails on
-/// the test bed, not understood yet). A single-port connection then waits for its port to come
-/// back (up to the retry budget), and its eager path's messages and answers are written again
-/// like the rest.
-pub(super) fn failover_agreed(config: &Config, peer: &Hello, quiet: bool) -> bool {
-    config.port_failover && peer.failover && !quiet
+/// Whether a connection repairs its lanes when a port or path fails: when both sides offer it.
+/// A single-port connection then waits for its port to come back (up to the retry budget), and
+/// its eager path's messages, answers and credits are written again like the rest.
+pub(super) fn failover_agreed(config: &Config, peer: &Hello) -> bool {
+    config.port_failover && peer.failover
 }
 
 fn describe_gid(gid: &[u8; 16], index: u32, version: u8) -> String {

@@ -24,7 +24,7 @@ use crate::core::proto::{Answer, Layout, SLOTS};
 use crate::core::repair::{
     Action, Cause, FollowRepair, Frame, GaveUp, Health, LaneSet, LeadRepair, MemberSet, Route,
 };
-use crate::core::wire::{Endpoint, Hello};
+use crate::core::wire::Endpoint;
 use crate::plugin::PLUGIN_NAME;
 
 /// `wr_id` kinds of a lane's drain markers, in its send and receive queue (the low bits: the
@@ -526,19 +526,15 @@ pub(super) trait Repairing: CommParts {
 }
 
 /// Log once per process that a peer takes no part in failover, where this side offered it.
-pub(super) fn log_failover(ctx: &DeviceContext, agreed: bool, peer: &Hello, remote: &str) {
+pub(super) fn log_failover(ctx: &DeviceContext, agreed: bool, remote: &str) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     if agreed || !ctx.config.port_failover {
         return;
     }
-    let why = if peer.failover {
-        "it uses quiet receives (NCCL_NET_RS_QUIET=1), which port failover does not cover"
-    } else {
-        "the peer does not offer it (an earlier version, or NCCL_IB_RESILIENCY_PORT_FAILOVER=0 there)"
-    };
     ONCE.call_once(|| {
         tracing::info!(
-            "NET/{PLUGIN_NAME}: no port failover on the connection with {remote}: {why}; a \
+            "NET/{PLUGIN_NAME}: no port failover on the connection with {remote}: the peer does \
+             not offer it (an earlier version, or NCCL_IB_RESILIENCY_PORT_FAILOVER=0 there); a \
              failed port fails such comms (logged once)"
         );
     });
@@ -752,7 +748,8 @@ impl Repairing for RecvComm {
 impl RecvComm {
     /// Lane `lane`'s new QP is connected: post a receive for every message it still owes (and,
     /// with eager messages, the receives they arrive on, one per slot, as at connect), and
-    /// write again the answers that went on it (they may not have landed).
+    /// write again the answers that went on it and, with quiet receives, the latest credit
+    /// (they may not have landed).
     fn resume(&self, st: &mut RecvState, lane: usize) -> Result<()> {
         let slot = self.qps.lanes[lane].read();
         let eager_pool = if st.proto.layout().eager_bytes > 0 {
@@ -777,6 +774,11 @@ impl RecvComm {
             // SAFETY: the staged entries of an answer still recorded as its slot's latest are
             // rewritten only for a later message of that slot, which replaces the record.
             unsafe { self.submit_answer(&slot.queue, &writes, n, signaled, false, apart) }?;
+        }
+        drop(slot);
+        let credit = st.proto.credited();
+        if st.proto.layout().quiet && credit > 0 {
+            self.write_credit(st, credit)?;
         }
         Ok(())
     }

@@ -247,9 +247,9 @@ impl RecvComm {
             layout.nqps,
             describe_eager(eager_bytes, layout.quiet)
         );
-        let failover = failover_agreed(&ctx.config, remote, layout.quiet)
+        let failover = failover_agreed(&ctx.config, remote)
             .then(|| Box::new(Failover::lead(ctx, layout, remote.members.clone())));
-        log_failover(ctx, failover.is_some(), remote, &remote_desc);
+        log_failover(ctx, failover.is_some(), &remote_desc);
         let comm = Self {
             ctx: Arc::clone(ctx),
             qps,
@@ -425,30 +425,34 @@ impl RecvComm {
         }
     }
 
-    /// RDMA-write `credit` into the sender's credit word.
-    fn write_credit(&self, st: &mut RecvState, credit: u64) -> Result<()> {
+    /// RDMA-write `credit` into the sender's credit word; while the lane is down, its repair
+    /// writes the latest credit (`RecvSide::credited`) instead.
+    pub(super) fn write_credit(&self, st: &mut RecvState, credit: u64) -> Result<()> {
+        // A connection with quiet receives has one QP.
+        if st.failover.as_deref().is_some_and(|f| !f.is_up(0)) {
+            return Ok(());
+        }
         self.cts_staging
             .write(CREDIT_STAGING, &credit.to_le_bytes());
         let signaled = st.next_cts_signaled();
-        let layout = st.proto.layout();
-        // A connection with quiet receives has one QP.
+        let lane = self.qps.lanes[0].read();
         let wr = WorkRequest {
             wr_id: WR_CTS,
             op: Op::Write,
             local: Sge {
                 addr: self.cts_staging.addr(CREDIT_STAGING),
                 len: 8,
-                lkey: self.cts_staging.mr(layout.local_member(0)).lkey(),
+                lkey: self.cts_staging.mr(lane.member).lkey(),
             },
             tail: Sge::default(),
             remote_addr: self.remote_ring_addr + CREDIT_OFFSET as u64,
-            rkey: self.remote_ring_rkeys[layout.remote_member(0)],
+            rkey: self.remote_ring_rkeys[lane.remote],
             signaled,
             cpu_readable: true,
         };
         // SAFETY: the staged word may be rewritten before the NIC reads it, with a larger
         // credit, which is as true (see `CREDIT_STAGING`).
-        unsafe { self.qps.lanes[0].read().queue.post_one(&wr) }
+        unsafe { lane.queue.post_one(&wr) }
     }
 
     /// Post the receives of `cts`, copy its eager message, and write its entries (for the

@@ -265,9 +265,9 @@ impl Connecting {
                 "adaptive routing: data writes over {t} bytes split"
             ))
         );
-        let failover = failover_agreed(config, remote, layout.quiet)
+        let failover = failover_agreed(config, remote)
             .then(|| Box::new(Failover::follow(&self.ctx, layout, remote.members.clone())));
-        log_failover(&self.ctx, failover.is_some(), remote, &remote_desc);
+        log_failover(&self.ctx, failover.is_some(), &remote_desc);
         Ok(SendComm {
             ctx: Arc::clone(&self.ctx),
             qps: pending.qps,

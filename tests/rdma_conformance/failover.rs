@@ -747,11 +747,29 @@ fn an_idle_receiver_does_not_stall_a_repair(cx: &mut Cx) {
     a_repair_with_an_idle(cx, Idle::Receiver);
 }
 
+/// Runs of eager messages with a rendezvous one between them: with quiet receives the
+/// receives after an eager message are posted quietly, and the rendezvous message waits for
+/// the CTS its receive writes late.
+fn mostly_eager(i: usize) -> usize {
+    [8, 4096, 0, 1000, 4096, 8, 2048, MESSAGE][i % 8]
+}
+
 /// A single-port connection (rxe1 against rxe2, eager messages on: NCCL_NET_RS_EAGER_BYTES's
-/// default; quiet receives, off by default, get no failover) loses its only port for 5 s, far
-/// less than the retry budget, in a stream of eager and rendezvous messages: the comm waits for
-/// the port, then carries on, no error, every byte and size right.
+/// default) loses its only port for 5 s, far less than the retry budget, in a stream of eager
+/// and rendezvous messages: the comm waits for the port, then carries on, no error, every byte
+/// and size right.
 fn a_single_port_rides_out_a_five_second_outage(cx: &mut Cx) {
+    a_single_port_outage(cx, mixed);
+}
+
+/// [`a_single_port_rides_out_a_five_second_outage`] with quiet receives (`NCCL_NET_RS_QUIET=1`
+/// both sides) and runs of eager messages: the credits and late CTSs the receiver wrote into
+/// the lost QP are written again.
+fn quiet_receives_ride_out_a_five_second_outage(cx: &mut Cx) {
+    a_single_port_outage(cx, mostly_eager);
+}
+
+fn a_single_port_outage(cx: &mut Cx, size_of: fn(usize) -> usize) {
     const STREAM: Duration = Duration::from_secs(30);
     const DOWN_AT: usize = 700;
     const OUTAGE: Duration = Duration::from_secs(5);
@@ -760,7 +778,7 @@ fn a_single_port_rides_out_a_five_second_outage(cx: &mut Cx) {
         let baseline = receiver_baseline();
         let rc = cx.accept_pair();
         let (back, longest) =
-            stream_through_an_outage(cx, rc, mixed, (DOWN_AT, &["veth0"], OUTAGE), &["rxe1"]);
+            stream_through_an_outage(cx, rc, size_of, (DOWN_AT, &["veth0"], OUTAGE), &["rxe1"]);
         println!(
             "NOTE traffic again {back:?} after the port was ACTIVE; the longest wait for a message: {longest:?}"
         );
@@ -775,7 +793,7 @@ fn a_single_port_rides_out_a_five_second_outage(cx: &mut Cx) {
         );
     } else {
         assert_eq!(cx.net.device_name(cx.dev), "rxe2");
-        sender(cx, Length::For(STREAM), mixed);
+        sender(cx, Length::For(STREAM), size_of);
     }
 }
 
@@ -803,6 +821,22 @@ macro_rules! short_budget_v8 {
             "NCCL_IB_TIMEOUT" => "14",
             "NCCL_IB_RETRY_CNT" => "6",
         )
+    };
+}
+
+/// A single-port scenario's environment through ncclNet v12: the rank's device, a retry timer
+/// of 1.07 s (`NCCL_IB_TIMEOUT=18`), the out-of-band connection on loopback, and more
+/// variables.
+macro_rules! single_port_v12 {
+    ($dev:literal $(, $k:literal => $v:literal)* $(,)?) => {
+        &[
+            ("RSIB_TEST_ABI", "12"),
+            ("RSIB_TEST_DEV", $dev),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_IB_TIMEOUT", "18"),
+            ("NCCL_SOCKET_IFNAME", "lo"),
+            $(($k, $v),)*
+        ]
     };
 }
 
@@ -940,21 +974,15 @@ pub(crate) const ONCE: &[Scenario] = &[
         name: "v12_a_single_port_rides_out_a_five_second_outage",
         ranks: 2,
         run: a_single_port_rides_out_a_five_second_outage,
+        env: &[single_port_v12!("rxe1"), single_port_v12!("rxe2")],
+    },
+    Scenario {
+        name: "v12_quiet_receives_ride_out_a_five_second_outage",
+        ranks: 2,
+        run: quiet_receives_ride_out_a_five_second_outage,
         env: &[
-            &[
-                ("RSIB_TEST_ABI", "12"),
-                ("RSIB_TEST_DEV", "rxe1"),
-                ("NCCL_DEBUG", "INFO"),
-                ("NCCL_IB_TIMEOUT", "18"),
-                ("NCCL_SOCKET_IFNAME", "lo"),
-            ],
-            &[
-                ("RSIB_TEST_ABI", "12"),
-                ("RSIB_TEST_DEV", "rxe2"),
-                ("NCCL_DEBUG", "INFO"),
-                ("NCCL_IB_TIMEOUT", "18"),
-                ("NCCL_SOCKET_IFNAME", "lo"),
-            ],
+            single_port_v12!("rxe1", "NCCL_NET_RS_QUIET" => "1"),
+            single_port_v12!("rxe2", "NCCL_NET_RS_QUIET" => "1"),
         ],
     },
     Scenario {

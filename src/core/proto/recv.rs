@@ -446,6 +446,12 @@ impl RecvSide {
         }
     }
 
+    /// The latest credit handed to the glue (0 before the first): what a repaired lane writes
+    /// again, since the write may have been lost with the lane's old QP.
+    pub fn credited(&self) -> u64 {
+        self.credited
+    }
+
     /// The credit to write now: every message before [`Self::done_through`].
     fn take_credit(&mut self) -> u64 {
         self.credited = self.done_through;

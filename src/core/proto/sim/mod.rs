@@ -453,8 +453,9 @@ impl Pair {
             .map(|(slot, _, _)| Answering::Entries(slot, f.staged[slot].clone()))
             .collect();
         f.answers[qp].extend(rewrites);
-        if self.recv.layout().quiet && qp == 0 && f.credit > 0 {
-            f.answers[qp].push_back(Answering::Credit(f.credit));
+        if self.recv.layout().quiet && qp == 0 && self.recv.credited() > 0 {
+            assert_eq!(self.recv.credited(), f.credit);
+            f.answers[qp].push_back(Answering::Credit(self.recv.credited()));
         }
         self.send.set_route(qp, route.0, route.1);
         let posts = self.send.replay(qp, self.recv.consumed(qp)).unwrap();
