@@ -17,7 +17,7 @@ use super::conn::{CTS_RING_BYTES, WR_RECV};
 use super::conn::{QpSet, WR_INDEX_MASK};
 use super::recv::{AnswerWrites, RecvComm, RecvState};
 use super::send::{SendComm, SendState};
-use super::watch::{PeerLink, Watched};
+use super::watch::{PeerLink, Watched, health_changes};
 use crate::core::config::Traffic;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::{Answer, Layout, SLOTS};
@@ -114,6 +114,9 @@ pub(super) struct Failover<R> {
     down: Vec<bool>,
     /// Per member, the device's count of failed QPs when last looked at.
     seen_qp_failures: Vec<u64>,
+    /// The process's count of port events and failed QPs before the members were last looked
+    /// at ([`health_changes`]).
+    seen_changes: u64,
     /// Per lane, the drain of its old QP, while one runs.
     draining: Vec<Option<Drain>>,
     /// The peer's members, to connect new QPs to.
@@ -156,6 +159,8 @@ impl<R: Repair> Failover<R> {
             down: vec![false; ctx.ports.len()],
             // Only QPs that fail from now on can be this connection's.
             seen_qp_failures: ctx.ports.iter().map(|p| p.health.qp_failures()).collect(),
+            // So that the first poll looks at the members.
+            seen_changes: u64::MAX,
             draining: vec![None; layout.nqps],
             peer,
             deferred: Vec::new(),
@@ -173,17 +178,13 @@ impl<R: Repair> Failover<R> {
     }
 
     /// Whether there is progress to make without the client: a repair under way or lanes
-    /// away from home, or a port event, a failed QP or a frame not looked at yet. Atomics only:
-    /// the watcher asks at every tick, so that a repair never waits for a client that stopped
-    /// calling on this comm (NCCL polls only the comms it has requests on).
+    /// away from home, or a port event, a failed QP (on any device of the process) or a frame
+    /// not looked at yet. Atomics only: the watcher asks at every tick, so that a repair never
+    /// waits for a client that stopped calling on this comm (NCCL polls only the comms it has
+    /// requests on).
     #[inline]
-    pub(super) fn due(&self, ctx: &DeviceContext, link: &PeerLink) -> bool {
-        !self.settled
-            || link.has_frames()
-            || ctx.ports.iter().enumerate().any(|(m, p)| {
-                p.health.port_events() != self.seen[m]
-                    || p.health.qp_failures() != self.seen_qp_failures[m]
-            })
+    pub(super) fn due(&self, link: &PeerLink) -> bool {
+        !self.settled || link.has_frames() || health_changes() != self.seen_changes
     }
 
     /// What changed since the last call: QPs of the connection that failed, members that went
@@ -197,6 +198,8 @@ impl<R: Repair> Failover<R> {
         qps: &QpSet,
     ) -> Result<Vec<Action>> {
         let mut actions = Vec::new();
+        // Read before the members: a change counted after this is looked at next time.
+        self.seen_changes = health_changes();
         for (m, port) in ctx.ports.iter().enumerate() {
             if port.health.qp_failures() != self.seen_qp_failures[m] {
                 let (failed, count) = port.health.failed_qps_since(self.seen_qp_failures[m]);
@@ -476,7 +479,7 @@ pub(super) trait Repairing: CommParts {
     /// failover.
     fn failover_due(&self, st: &mut Self::State) -> bool {
         match (Self::failover(st), self.link()) {
-            (Some(f), Some(link)) => f.due(self.ctx(), link.link()),
+            (Some(f), Some(link)) => f.due(link.link()),
             _ => false,
         }
     }
@@ -487,7 +490,7 @@ pub(super) trait Repairing: CommParts {
         let (Some(f), Some(link)) = (Self::failover(st), self.link()) else {
             return Ok(());
         };
-        if !f.due(self.ctx(), link.link()) {
+        if !f.due(link.link()) {
             return Ok(());
         }
         match f.poll(self.ctx(), link.link(), self.qps()) {

@@ -467,6 +467,7 @@ impl DeviceHealth {
         let mut list = self.failed_qps.lock();
         list.record(qpn);
         self.qp_failures.store(list.count, Ordering::Release);
+        HEALTH_CHANGES.fetch_add(1, Ordering::AcqRel);
     }
 
     fn port_event(&self, port: u32, down: bool) {
@@ -476,6 +477,7 @@ impl DeviceHealth {
             self.ports_down.fetch_and(!port_bit(port), Ordering::AcqRel);
         }
         self.port_events.fetch_add(1, Ordering::AcqRel);
+        HEALTH_CHANGES.fetch_add(1, Ordering::AcqRel);
     }
 
     /// `Err` once the device reported a fatal error.
@@ -559,6 +561,18 @@ impl DeviceHealth {
             }
         }
     }
+}
+
+/// How many port events and failed QPs every device of the process reported, counted after the
+/// device's own record of each: a comm with failover reads this one word per progress rather
+/// than its members' counters (on a fused device that was most of what failover cost a healthy
+/// `test`), and looks at its members only when it moved.
+static HEALTH_CHANGES: AtomicU64 = AtomicU64::new(0);
+
+/// See [`HEALTH_CHANGES`].
+#[inline]
+pub(super) fn health_changes() -> u64 {
+    HEALTH_CHANGES.load(Ordering::Acquire)
 }
 
 fn port_bit(port: u32) -> u64 {
