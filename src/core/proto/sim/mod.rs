@@ -593,7 +593,8 @@ fn is_eager(a: &Accepted) -> bool {
 /// `i` carries `size(i)` bytes from `src(i)` into `dst(i)`.
 struct InFlight<'a> {
     sends: VecDeque<(usize, usize)>,
-    recvs: VecDeque<(usize, usize)>,
+    /// Each receive's messages, in the order of its entries, and its slot.
+    recvs: VecDeque<(Vec<usize>, usize)>,
     size: &'a dyn Fn(usize) -> u64,
     src: &'a dyn Fn(usize) -> u64,
     dst: &'a dyn Fn(usize) -> u64,
@@ -604,20 +605,23 @@ impl InFlight<'_> {
         self.sends.is_empty() && self.recvs.is_empty()
     }
 
-    /// Complete the oldest receive when it is done: its size and bytes checked, its buffer wiped
-    /// for the message a ring later. True when it completed.
+    /// Complete the oldest receive when it is done: each of its messages' size and bytes checked,
+    /// their buffers wiped for the messages a ring later. True when it completed.
     fn finish_receive(&mut self, p: &mut Pair, round: usize) -> bool {
-        let Some(&(i, slot)) = self.recvs.front() else {
+        let Some((messages, slot)) = self.recvs.front() else {
             return false;
         };
-        let Some(sizes) = p.received(slot) else {
+        let Some(sizes) = p.received(*slot) else {
             return false;
         };
-        let (size, dst) = ((self.size)(i), (self.dst)(i));
-        assert_eq!(sizes, vec![size], "round {round} message {i}");
-        assert_delivered(p, dst, (self.src)(i), size);
-        p.recv_mem[dst as usize..dst as usize + 8192].fill(0xee);
-        p.recv.release(slot);
+        let expected: Vec<u64> = messages.iter().map(|&i| (self.size)(i)).collect();
+        assert_eq!(sizes, expected, "round {round} messages {messages:?}");
+        for &i in messages {
+            let (size, dst) = ((self.size)(i), (self.dst)(i) as usize);
+            assert_delivered(p, dst as u64, (self.src)(i), size);
+            p.recv_mem[dst..=dst + size as usize].fill(0xee);
+        }
+        p.recv.release(*slot);
         self.recvs.pop_front();
         true
     }

@@ -55,7 +55,7 @@ fn mix_in_any_order(quiet: bool) {
                     && (round % 2 == 0 || posted <= sent) =>
                 {
                     if let Some(slot) = p.irecv(&[rbuf(dst(posted), 2 * EAGER, 3)]) {
-                        fly.recvs.push_back((posted, slot));
+                        fly.recvs.push_back((vec![posted], slot));
                         posted += 1;
                     }
                 }
@@ -137,7 +137,7 @@ fn full_ring_never_stalls(quiet: bool) {
                 (false, 0) if posted < count && fly.recvs.len() < SLOTS => {
                     let slot = p.irecv(&[rbuf(dst(posted), 2 * EAGER, 3)]);
                     slot.map(|slot| {
-                        fly.recvs.push_back((posted, slot));
+                        fly.recvs.push_back((vec![posted], slot));
                         posted += 1;
                     })
                     .is_some()
