@@ -19,78 +19,193 @@ use stream::{
 use super::faults::{after_both_failed, restore_veth, set_link, set_links, veth_restore_batch};
 use super::*;
 
-/// One member path goes down with `WINDOW` receives in flight and comes back: no error, every
-/// byte right; while it is down only the other member carries traffic, and once it is up
-/// again it carries traffic again within the target (2 s).
-fn a_member_path_fails_and_comes_back_mid_stream(cx: &mut Cx) {
-    const COUNT: usize = 3000;
-    const DOWN_AT: usize = 800;
-    const UP_AT: usize = 1600;
-    if cx.rank == 0 {
-        assert_eq!(cx.net.device_name(cx.dev), "rxe1+rxe3");
-        let baseline = receiver_baseline();
-        let rc = cx.accept_pair();
-        let mut down_at = None;
-        let mut down_counts = None;
-        let mut up: Option<(Comeback, std::thread::JoinHandle<()>)> = None;
-        let mut last = Instant::now();
-        // The longest wait for a message while the path was down, and in all.
-        let (mut stall_down, mut stall) = (Duration::ZERO, Duration::ZERO);
-        let received = stream_recv(cx, rc, |i| {
-            let gap = last.elapsed();
-            last = Instant::now();
-            stall = stall.max(gap);
-            if (DOWN_AT..UP_AT).contains(&i) {
-                stall_down = stall_down.max(gap);
-            }
-            if i == DOWN_AT {
-                set_link("veth2", "down");
-                down_at = Some(Instant::now());
-            }
-            if i == DOWN_AT + 2 * WINDOW {
-                // Failed over: from here on the first member carries everything.
-                assert!(down_at.is_some());
-                down_counts = Some((port_packets("rxe1"), port_packets("rxe3")));
-            }
-            if i == UP_AT {
-                let (rxe1, rxe3) = down_counts.unwrap();
-                assert!(received_since("rxe1", rxe1) > 0, "rxe1 carried the stream");
-                assert_eq!(
-                    received_since("rxe3", rxe3),
-                    0,
-                    "nothing arrived on rxe3 while its path was down"
-                );
-                up = Some(bring_up(&["rxe3"], veth_restore_batch()));
-            }
-            if let Some((comeback, _)) = up.as_mut() {
-                comeback.check();
-            }
-        });
-        assert_eq!(received, COUNT);
+/// What the receiver's log holds after a member path failed and came back.
+const DOWN_AND_BACK: &[&str] = &[
+    "rxe1+rxe3: member rxe3:1 went down (port event): its connections carry on over rxe1:1",
+    "rxe1+rxe3: member rxe3:1 is active again",
+];
+/// What the sender's log holds after it.
+const SENDER_DOWN: &str =
+    "rxe2+rxe4: member rxe4:1 went down (port event): its connections carry on over rxe2:1";
+
+/// The receiver's side of a member path failing mid-stream and coming back, step by step (a
+/// step: a receive completed): veth2 (rxe3's path) goes down after step `down_at` and comes
+/// back after `up_at`; from `settle` steps after the failure until then only rxe1 carries
+/// traffic; once rxe3's port is up again it carries traffic again within the target.
+struct PathOutage {
+    down_at: usize,
+    settle: usize,
+    up_at: usize,
+    went_down: bool,
+    /// rxe1's and rxe3's packet counts once the stream settled on rxe1.
+    settled: Option<((u64, u64), (u64, u64))>,
+    up: Option<(Comeback, std::thread::JoinHandle<()>)>,
+    last: Instant,
+    /// The longest wait for a step while the path was down, and in all.
+    stall_down: Duration,
+    stall: Duration,
+}
+
+impl PathOutage {
+    fn new(down_at: usize, settle: usize, up_at: usize) -> Self {
+        Self {
+            down_at,
+            settle,
+            up_at,
+            went_down: false,
+            settled: None,
+            up: None,
+            last: Instant::now(),
+            stall_down: Duration::ZERO,
+            stall: Duration::ZERO,
+        }
+    }
+
+    /// After step `i`, with the receives after it in flight.
+    fn step(&mut self, i: usize) {
+        let gap = self.last.elapsed();
+        self.last = Instant::now();
+        self.stall = self.stall.max(gap);
+        if (self.down_at..self.up_at).contains(&i) {
+            self.stall_down = self.stall_down.max(gap);
+        }
+        if i == self.down_at {
+            set_link("veth2", "down");
+            self.went_down = true;
+        }
+        if i == self.down_at + self.settle {
+            // Failed over: from here on the first member carries everything.
+            assert!(self.went_down);
+            self.settled = Some((port_packets("rxe1"), port_packets("rxe3")));
+        }
+        if i == self.up_at {
+            let (rxe1, rxe3) = self.settled.unwrap();
+            assert!(received_since("rxe1", rxe1) > 0, "rxe1 carried the stream");
+            assert_eq!(
+                received_since("rxe3", rxe3),
+                0,
+                "nothing arrived on rxe3 while its path was down"
+            );
+            self.up = Some(bring_up(&["rxe3"], veth_restore_batch()));
+        }
+        if let Some((comeback, _)) = self.up.as_mut() {
+            comeback.check();
+        }
+    }
+
+    /// Once the stream ended: the path came back within the target; print what was measured
+    /// (`what`: a step).
+    fn finish(self, what: &str) {
         println!(
-            "NOTE longest wait for a message after the path went down: {stall_down:?} (in the whole stream: {stall:?})"
+            "NOTE longest wait for {what} after the path went down: {:?} (in the whole stream: {:?})",
+            self.stall_down, self.stall
         );
-        let (comeback, restore) = up.expect("the path came back during the stream");
+        let (comeback, restore) = self.up.expect("the path came back during the stream");
         restore.join().unwrap();
         println!(
             "NOTE rxe3 carried traffic again {:?} after its port was ACTIVE",
             comeback.within_limit()
         );
-        close_recv_at_baseline(
-            cx,
-            rc,
-            &baseline,
-            &[
-                "rxe1+rxe3: member rxe3:1 went down (port event): its connections carry on over rxe1:1",
-                "rxe1+rxe3: member rxe3:1 is active again",
-            ],
-        );
+    }
+}
+
+/// One member path goes down with `WINDOW` receives in flight and comes back: no error, every
+/// byte right; while it is down only the other member carries traffic, and once it is up
+/// again it carries traffic again within the target (2 s).
+fn a_member_path_fails_and_comes_back_mid_stream(cx: &mut Cx) {
+    const COUNT: usize = 3000;
+    if cx.rank == 0 {
+        assert_eq!(cx.net.device_name(cx.dev), "rxe1+rxe3");
+        let baseline = receiver_baseline();
+        let rc = cx.accept_pair();
+        let mut outage = PathOutage::new(800, 2 * WINDOW, 1600);
+        let received = stream_recv(cx, rc, |i| outage.step(i));
+        assert_eq!(received, COUNT);
+        outage.finish("a message");
+        close_recv_at_baseline(cx, rc, &baseline, DOWN_AND_BACK);
     } else {
         assert_eq!(cx.net.device_name(cx.dev), "rxe2+rxe4");
         assert_eq!(sender(cx, Length::Messages(COUNT), whole), COUNT);
-        println!(
-            "EXPECT_STDERR rxe2+rxe4: member rxe4:1 went down (port event): its connections carry on over rxe2:1"
-        );
+        println!("EXPECT_STDERR {SENDER_DOWN}");
+    }
+    std::io::stdout().flush().unwrap();
+}
+
+/// Grouped receives (NCCL's grouped point-to-point: one receive for `GROUP` tags) while a
+/// member path fails and comes back, `WINDOW / GROUP` receives in flight, their sends in the
+/// entries' tag order or, every other group, in the reverse order, of mixed sizes (empty, odd,
+/// up to 64 KiB): every entry completes once with its own message's size and bytes, no error;
+/// traffic leaves the failed member and comes back to it as for single receives.
+fn grouped_receives_ride_out_a_member_path_failing(cx: &mut Cx) {
+    const GROUP: usize = 4;
+    const GROUPS: usize = 750;
+    const IN_FLIGHT: usize = WINDOW / GROUP;
+    // Group g's sends go in message order; message g * GROUP + j carries tag j, or, in odd
+    // groups, GROUP - 1 - j. Entry k of a receive takes the message with tag k.
+    let message_of = |g: usize, k: usize| g * GROUP + if g % 2 == 1 { GROUP - 1 - k } else { k };
+    let tag_of = |m: usize| {
+        let (g, j) = (m / GROUP, m % GROUP);
+        (if g % 2 == 1 { GROUP - 1 - j } else { j }) as i32
+    };
+    let mut bufs = vec![0u8; WINDOW * MESSAGE];
+    let base = bufs.as_mut_ptr();
+    let at = |m: usize| (m % WINDOW) * MESSAGE;
+    if cx.rank == 0 {
+        let baseline = receiver_baseline();
+        let rc = cx.accept_pair();
+        let mh = cx.net.reg_mr(rc, &mut bufs);
+        let post = |g: usize| {
+            let entries: Vec<_> = (0..GROUP)
+                .map(|k| {
+                    let m = message_of(g, k);
+                    (base.wrapping_add(at(m)), MESSAGE, k as i32, mh)
+                })
+                .collect();
+            cx.net.irecv(rc, &entries)
+        };
+        let mut reqs: std::collections::VecDeque<_> = (0..IN_FLIGHT).map(post).collect();
+        let mut outage = PathOutage::new(200, 2 * IN_FLIGHT, 400);
+        for g in 0..GROUPS {
+            let sizes = cx.net.wait(reqs.pop_front().unwrap());
+            for (k, &got) in sizes.iter().take(GROUP).enumerate() {
+                let m = message_of(g, k);
+                let size = mixed(m);
+                assert_eq!(got as usize, size, "size of message {m} (entry {k})");
+                assert!(
+                    bufs[at(m)..at(m) + size] == pattern(m as u64, size)[..],
+                    "bytes of message {m}"
+                );
+            }
+            outage.step(g);
+            if g + IN_FLIGHT < GROUPS {
+                reqs.push_back(post(g + IN_FLIGHT));
+            }
+        }
+        cx.net.dereg_mr(rc, mh);
+        outage.finish("a grouped receive");
+        close_recv_at_baseline(cx, rc, &baseline, DOWN_AND_BACK);
+    } else {
+        let sc = cx.connect_pair();
+        let mh = cx.net.reg_mr(sc, &mut bufs);
+        let mut reqs = std::collections::VecDeque::new();
+        for m in 0..GROUPS * GROUP {
+            if reqs.len() == WINDOW {
+                let (req, size) = reqs.pop_front().unwrap();
+                assert_eq!(cx.net.wait(req)[0], size as i32);
+            }
+            let size = mixed(m);
+            bufs[at(m)..at(m) + size].copy_from_slice(&pattern(m as u64, size));
+            let req = cx
+                .net
+                .isend(sc, base.wrapping_add(at(m)), size, tag_of(m), mh);
+            reqs.push_back((req, size));
+        }
+        for (req, size) in reqs {
+            assert_eq!(cx.net.wait(req)[0], size as i32);
+        }
+        cx.net.dereg_mr(sc, mh);
+        cx.net.close_send(sc);
+        println!("EXPECT_STDERR {SENDER_DOWN}");
     }
     std::io::stdout().flush().unwrap();
 }
@@ -696,6 +811,15 @@ pub(crate) const ONCE: &[Scenario] = &[
         env: &[
             two_paths!("rxe1+rxe3", "RSIB_TEST_ABI" => "8", "NCCL_IB_QPS_PER_CONNECTION" => "2"),
             two_paths!("rxe2+rxe4", "RSIB_TEST_ABI" => "8", "NCCL_IB_QPS_PER_CONNECTION" => "2"),
+        ],
+    },
+    Scenario {
+        name: "v12_grouped_receives_ride_out_a_member_path_failing",
+        ranks: 2,
+        run: grouped_receives_ride_out_a_member_path_failing,
+        env: &[
+            two_paths!("rxe1+rxe3", "RSIB_TEST_ABI" => "12"),
+            two_paths!("rxe2+rxe4", "RSIB_TEST_ABI" => "12"),
         ],
     },
     Scenario {
