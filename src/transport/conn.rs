@@ -136,23 +136,77 @@ pub(super) const WR_INDEX_MASK: u64 = (1 << 56) - 1;
 
 const LINK_LAYER_ETHERNET: u8 = 2;
 
-/// A comm's first fatal error; every later call returns it again.
+/// A comm's fatal error. `test` returns it at every later call; `isend`, `irecv` and `iflush`
+/// only when a work completion did not report it: NCCL's transport never polls a CQ in those
+/// calls (`ncclIbIsend`/`ncclIbIrecv` check only the comm's fatal async events), so a failed
+/// completion surfaces through `test` alone, and NCCL, which may close comms with work in
+/// flight and build new ones, never sees a post fail for one.
 #[derive(Debug, Default)]
-pub(super) struct Failure(Option<(Kind, String)>);
+pub(super) struct Failure(Option<Recorded>);
+
+#[derive(Debug)]
+struct Recorded {
+    kind: Kind,
+    what: String,
+    /// Reported by a work completion: `test` returns it, posting calls do not.
+    by_completion: bool,
+}
 
 impl Failure {
-    /// `Err` with the recorded error, if any.
+    /// `Err` with the recorded error, if any (for `test`).
     pub(super) fn check(&self) -> Result<()> {
         match &self.0 {
-            Some((kind, what)) => Err(Error::new(*kind, what.clone())),
+            Some(r) => Err(Error::new(r.kind, r.what.clone())),
             None => Ok(()),
         }
     }
 
-    /// Remember `e` and hand it back.
+    /// `Err` with the recorded error unless a work completion reported it (for `isend`,
+    /// `irecv` and `iflush`).
+    #[inline(always)]
+    pub(super) fn check_posting(&self) -> Result<()> {
+        match &self.0 {
+            Some(r) if !r.by_completion => self.check(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Remember `e`, which fails every later call, and hand it back. The first such error
+    /// stays; it replaces one a completion reported.
     pub(super) fn record(&mut self, e: Error) -> Error {
-        self.0 = Some((e.kind(), e.to_string()));
+        if self.0.as_ref().is_none_or(|r| r.by_completion) {
+            self.0 = Some(Recorded::of(&e, false));
+        }
         e
+    }
+
+    /// What `isend`, `irecv` or `iflush` makes of the progress it made: whatever failed is
+    /// recorded, and returned only when it is not a failed completion (NCCL's transport finds
+    /// those in `test` alone).
+    pub(super) fn after_posting_progress(&mut self, progressed: Result<()>) -> Result<()> {
+        if let Err(e) = progressed {
+            self.record_completion(e);
+        }
+        self.check_posting()
+    }
+
+    /// Remember `e`, reported by a work completion, unless an error is recorded already, and
+    /// hand it back.
+    pub(super) fn record_completion(&mut self, e: Error) -> Error {
+        if self.0.is_none() {
+            self.0 = Some(Recorded::of(&e, true));
+        }
+        e
+    }
+}
+
+impl Recorded {
+    fn of(e: &Error, by_completion: bool) -> Self {
+        Self {
+            kind: e.kind(),
+            what: e.to_string(),
+            by_completion,
+        }
     }
 }
 
@@ -695,6 +749,29 @@ pub(super) fn completion_error(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// NCCL's `ncclIbIsend`/`ncclIbIrecv` never poll a CQ: a failed completion fails `test`
+    /// only; any other failure fails every call, and replaces a completion's.
+    #[test]
+    fn a_failed_completion_fails_test_but_not_the_posting_calls() {
+        let mut failed = Failure::default();
+        assert!(failed.check().is_ok() && failed.check_posting().is_ok());
+        failed.record_completion(Error::new(Kind::Remote, "remote access error"));
+        assert_eq!(failed.check().unwrap_err().kind(), Kind::Remote);
+        assert!(failed.check_posting().is_ok());
+        // A later completion keeps the first one's words.
+        failed.record_completion(Error::new(Kind::Remote, "flushed"));
+        assert!(failed.check().unwrap_err().to_string().contains("remote access"));
+        let progressed = Err(Error::new(Kind::Remote, "retry exceeded"));
+        assert!(failed.after_posting_progress(progressed).is_ok());
+        failed.record(Error::new(Kind::Remote, "receive comm closed"));
+        let e = failed.check_posting().unwrap_err();
+        assert!(e.to_string().contains("closed"), "{e}");
+        failed.record(Error::new(Kind::System, "second"));
+        assert!(failed.check().unwrap_err().to_string().contains("closed"));
+        failed.record_completion(Error::new(Kind::Remote, "late"));
+        assert!(failed.check_posting().is_err(), "a completion never hides it");
+    }
 
     #[test]
     fn pinned_footprint_counts_rings_queues_and_flush() {

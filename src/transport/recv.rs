@@ -362,14 +362,15 @@ impl RecvComm {
         // Answers held on other comms go now; this comm's may join this one's in one write.
         held::flush_all_but(&self.qps);
         let mut st = self.state.lock();
-        st.failed.check()?;
+        st.failed.check_posting()?;
         if let Some((seq, bounce)) = st.proto.next_eager() {
             // An eager message that already arrived is delivered now, without a CTS. Its
             // completion comes after its header, so without the header there is nothing to poll
             // for (one that lands later is answered by this CTS, as if it landed after a poll).
             let at = self.bounce_slot_at(st.proto.layout(), bounce);
             if self.sizes_ring.peek_u64(at) == seq {
-                self.progress(&mut st)?;
+                let progressed = self.progress(&mut st);
+                st.failed.after_posting_progress(progressed)?;
             }
         }
         let Some((_, cts)) = st.proto.irecv(bufs)? else {
@@ -381,7 +382,8 @@ impl RecvComm {
             if self.failover_due(&mut st) {
                 // What it waits for may come only once a lane is repaired. (A healthy comm
                 // skips this: NCCL tests its requests, which progress it.)
-                self.progress(&mut st)?;
+                let progressed = self.progress(&mut st);
+                st.failed.after_posting_progress(progressed)?;
             }
             return Ok(None);
         };
@@ -612,7 +614,7 @@ impl RecvComm {
             return Ok(None);
         };
         let mut st = self.state.lock();
-        st.failed.check()?;
+        st.failed.check_posting()?;
         let Some(k) = st.flushes.iter().position(|f| *f == FlushSlot::Free) else {
             return Err(Error::misuse(format!(
                 "more than {SLOTS} flushes in flight"
@@ -808,7 +810,7 @@ impl RecvComm {
                 &self.remote,
                 st.completed_any,
             );
-            return Err(st.failed.record(e));
+            return Err(st.failed.record_completion(e));
         }
         let handled = match c.wr_id & !WR_INDEX_MASK {
             WR_RECV if c.opcode == OPCODE_RECV_RDMA_WITH_IMM => {

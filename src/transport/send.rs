@@ -374,7 +374,7 @@ impl SendComm {
             host: mr.is_host(),
         };
         let mut st = self.state.lock();
-        st.failed.check()?;
+        st.failed.check_posting()?;
         // A send that adaptive routing may split goes the general way, which splits; NCCL's
         // usual send keeps its one post (a split check there cost every `isend` ~30
         // instructions of register spills).
@@ -408,7 +408,8 @@ impl SendComm {
             if self.failover_due(&mut st) {
                 // What it waits for may come only once a lane is repaired. (A healthy comm
                 // skips this: NCCL tests its requests, which progress it.)
-                self.progress(&mut st)?;
+                let progressed = self.progress(&mut st);
+                st.failed.after_posting_progress(progressed)?;
             }
             return Ok(None);
         };
@@ -896,7 +897,7 @@ impl SendComm {
                 &self.remote,
                 st.completed_any,
             );
-            return Err(st.failed.record(e));
+            return Err(st.failed.record_completion(e));
         }
         if c.wr_id & !WR_INDEX_MASK == WR_SEND_DONE {
             let qp = self.qps.index_of(member, c.qp_num).unwrap_or(usize::MAX);

@@ -14,6 +14,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod abandon;
 mod batch;
 mod connections;
 mod data_path;
@@ -330,6 +331,7 @@ fn scenarios() -> impl Iterator<Item = &'static Scenario> {
         .chain(versions::SCENARIOS)
         .chain(eager::SCENARIOS)
         .chain(batch::SCENARIOS)
+        .chain(abandon::SCENARIOS)
 }
 
 /// The ncclNet versions the common scenarios run through: the oldest and the newest table,
@@ -357,6 +359,7 @@ fn runs() -> Vec<(String, &'static Scenario, Option<u8>)> {
             .chain(versions::SCENARIOS)
             .chain(eager::SCENARIOS)
             .chain(batch::SCENARIOS)
+            .chain(abandon::SCENARIOS)
             .map(|s| (s.name.to_owned(), s, None)),
     );
     runs
