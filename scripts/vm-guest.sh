@@ -18,6 +18,8 @@
 #        vm-guest.sh --restore-veth        (inside the VM: every veth end up, routes back)
 #        vm-guest.sh --veth-restore-batch  (the `ip -batch` lines that --restore-veth runs)
 #        vm-guest.sh --second-path up|down (inside the VM: make or remove veth2/veth3, rxe3/rxe4)
+#        vm-guest.sh --extra-ports up|down (inside the VM: make or remove rxe5..rxe9 on dummy
+#                    netdevs dum5..dum9, so that a fused device can have up to 8 members)
 work="$1"
 
 # The veth pairs: "END_A END_B ADDRESS_A ADDRESS_B RULE_PREF"; rules RULE_PREF and +1 deliver
@@ -108,6 +110,18 @@ if [ "$work" = --second-path ]; then
       exit 2
       ;;
   esac
+  exit
+fi
+
+if [ "$work" = --extra-ports ]; then
+  for n in 5 6 7 8 9; do
+    case "$2" in
+      up) ip link add "dum$n" type dummy && ip link set "dum$n" up &&
+        rdma link add "rxe$n" type rxe netdev "dum$n" && [ -e "/sys/class/infiniband/rxe$n" ] ;;
+      down) rdma link delete "rxe$n" && ip link delete "dum$n" ;;
+      *) echo "usage: vm-guest.sh --extra-ports up|down" >&2; exit 2 ;;
+    esac || exit 1
+  done
   exit
 fi
 

@@ -1651,6 +1651,51 @@ fn plugin_devices_lists_what_nccl_gets() {
     );
 }
 
+/// NCCL 2.24 to 2.29 (ncclNet v9 to v11) list at most 4 ports per device, and the plugin
+/// refuses a larger `NCCL_NET_RS_FUSE` group at their init: the doctor, which cannot know the
+/// job's NCCL, warns about such a group and passes one of 4.
+#[test]
+fn plugin_devices_warns_of_a_fuse_group_older_tables_refuse() {
+    let mut node = Node::new("devs-five");
+    let names = ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4"];
+    for (i, name) in names.iter().enumerate() {
+        node.nic(
+            name,
+            Some(&format!("0000:{:02x}:00.0", 0x10 + i)),
+            &Port::default(),
+        );
+    }
+    node.env("NCCL_NET_RS_FUSE", &names.join("+"));
+    let findings = node.check("plugin.devices");
+    has(
+        &findings,
+        Severity::Pass,
+        "plugin",
+        "NCCL gets 1 device(s): [0] mlx5_0+mlx5_1+mlx5_2+mlx5_3+mlx5_4",
+    );
+    has(
+        &findings,
+        Severity::Warn,
+        "mlx5_0+mlx5_1+mlx5_2+mlx5_3+mlx5_4",
+        "NCCL_NET_RS_FUSE group of 5 ports: ncclNet v9 to v11 (NCCL 2.24 to 2.29) describe at most \
+         4 ports per device, so under those NCCL versions the plugin refuses the group at init",
+    );
+    let mut four = Node::new("devs-four");
+    for (i, name) in names[..4].iter().enumerate() {
+        four.nic(
+            name,
+            Some(&format!("0000:{:02x}:00.0", 0x10 + i)),
+            &Port::default(),
+        );
+    }
+    four.env("NCCL_NET_RS_FUSE", &names[..4].join("+"));
+    one(
+        &four.check("plugin.devices"),
+        Severity::Pass,
+        "NCCL gets 1 device(s): [0] mlx5_0+mlx5_1+mlx5_2+mlx5_3",
+    );
+}
+
 #[test]
 fn a_fused_device_with_a_member_down_is_degraded_not_failed() {
     let down = Port {

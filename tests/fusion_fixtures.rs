@@ -93,6 +93,7 @@ fn defaults() -> FusionPolicy {
         merge_vfs: false,
         explicit: Vec::new(),
         max_members: 4,
+        limit_holder: "ncclNet v9 to v11",
     }
 }
 
@@ -297,6 +298,47 @@ fn from_v9_ports_stay_alone_and_listed_groups_are_appended() {
     );
 }
 
+/// An `NCCL_NET_RS_FUSE` group larger than one device may be is refused with a WARN line of its
+/// own (not a decision), at v8's init and v9+'s alike; every port stays usable, and the other
+/// groups are made.
+#[test]
+fn a_listed_group_above_the_member_limit_is_a_warning_and_its_ports_stay_devices() {
+    let mut fx = Fixture::new("oversized");
+    for name in ["rxe0", "rxe1", "rxe2", "rxe3", "rxe4", "rxe5", "rxe6"] {
+        fx.rdma(name, None, None);
+    }
+    let policy = explicit(&[&["rxe0", "rxe1", "rxe2", "rxe3", "rxe4"], &["rxe5", "rxe6"]]);
+    let warning = "NCCL_NET_RS_FUSE group rxe0+rxe1+rxe2+rxe3+rxe4 refused: 5 ports, more than \
+                   the 4 one device of ncclNet v9 to v11 may have; its ports stay separate \
+                   devices (split it into groups of at most 4)";
+    let v9 = physical_then_explicit(fx.ports(), &policy);
+    assert_eq!(
+        names(&v9),
+        [
+            "rxe0",
+            "rxe1",
+            "rxe2",
+            "rxe3",
+            "rxe4",
+            "rxe5",
+            "rxe6",
+            "rxe5+rxe6"
+        ]
+    );
+    assert_eq!(v9.warnings, [warning]);
+    assert!(
+        !v9.decisions.iter().any(|d| d.contains("rxe4")),
+        "{:?}",
+        v9.decisions
+    );
+    let v8 = fuse(fx.ports(), &policy);
+    assert_eq!(
+        names(&v8),
+        ["rxe0", "rxe1", "rxe2", "rxe3", "rxe4", "rxe5+rxe6"]
+    );
+    assert_eq!(v8.warnings, [warning]);
+}
+
 /// `makeVDevice` goes through the same rules as every fusion.
 #[test]
 fn make_vdevice_fuses_ports_of_one_nic_and_refuses_a_vf_with_its_own_pf() {
@@ -332,6 +374,6 @@ fn make_vdevice_fuses_ports_of_one_nic_and_refuses_a_vf_with_its_own_pf() {
     assert!(
         fuse_listed(&[&ports[0], &ports[1], &ports[2]], &two)
             .unwrap_err()
-            .contains("3 ports, more than the 2 one device may fuse")
+            .contains("3 ports, more than the 2 one device of ncclNet v9 to v11 may have")
     );
 }

@@ -120,9 +120,10 @@ mod tests {
             addr!(v11.init),
             Some(v11::net_init_v11 as *const () as usize)
         );
+        // v12's own: its virtual devices list 8 ports, v11's 4.
         assert_eq!(
             addr!(v12.init),
-            Some(v11::net_init_v11 as *const () as usize)
+            Some(v12::net_init_v12 as *const () as usize)
         );
         assert_eq!(
             addr!(v10.connect),

@@ -13,8 +13,8 @@ use super::types::{
     ncclProfilerCallback_t, ncclResult_t,
 };
 use super::v8::net_listen_v8;
-use super::v9::{net_get_properties_v9, net_make_vdevice_v9};
-use crate::plugin::{DeviceModel, traffic_class_of};
+use super::v9::{V9_TO_V11, net_get_properties_v9, net_make_vdevice_v9};
+use crate::plugin::traffic_class_of;
 
 /// Looked up by NCCL 2.26 and later.
 #[unsafe(no_mangle)]
@@ -46,7 +46,7 @@ pub(super) unsafe extern "C" fn net_init_v10(
     profiler: ncclProfilerCallback_t,
 ) -> ncclResult_t {
     super::profiler::install(profiler);
-    entry::init(logger, DeviceModel::Ports)
+    entry::init(logger, V9_TO_V11)
 }
 
 pub(super) unsafe extern "C" fn net_connect_v10(

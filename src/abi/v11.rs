@@ -15,10 +15,10 @@ use super::types::{
     ncclNetAttr_v11_t, ncclNetCommConfig_v11_t, ncclNetDeviceHandle_v11_t, ncclNetProperties_v11_t,
     ncclNetVDeviceProps_v11_t, ncclProfilerCallback_t, ncclResult_t,
 };
-use super::v9::net_make_vdevice_v9;
+use super::v9::{V9_TO_V11, net_make_vdevice_v9};
 use super::v10::{net_irecv_v10, net_isend_v10};
 use crate::core::error::{Error, Result};
-use crate::plugin::{NetHints, Plugin, RawNetAttr};
+use crate::plugin::{DeviceModel, NetHints, Plugin, RawNetAttr};
 
 /// Looked up by NCCL 2.28 and later.
 #[unsafe(no_mangle)]
@@ -47,13 +47,29 @@ pub static ncclNetPlugin_v11: ncclNet_v11_t = ncclNet_v11_t {
     setNetAttr: Some(net_set_net_attr_v11),
 };
 
-/// v11 and v12's `init`: one context per communicator.
 pub(super) unsafe extern "C" fn net_init_v11(
     ctx: *mut *mut c_void,
     comm_id: u64,
     config: *mut ncclNetCommConfig_v11_t,
     logger: ncclDebugLogger_t,
     profiler: ncclProfilerCallback_t,
+) -> ncclResult_t {
+    // SAFETY: forwarded: NCCL's arguments to init.
+    unsafe { init_context(ctx, comm_id, config, logger, profiler, V9_TO_V11) }
+}
+
+/// v11 and v12's `init`: one context per communicator, on the device table `model` (which
+/// says how many ports the table's virtual devices list).
+///
+/// # Safety
+/// NCCL's arguments to `init`: `ctx` NULL or its context slot, `config` NULL or its config.
+pub(super) unsafe fn init_context(
+    ctx: *mut *mut c_void,
+    comm_id: u64,
+    config: *mut ncclNetCommConfig_v11_t,
+    logger: ncclDebugLogger_t,
+    profiler: ncclProfilerCallback_t,
+    model: DeviceModel,
 ) -> ncclResult_t {
     super::logger::set(logger);
     super::profiler::install(profiler);
@@ -64,7 +80,7 @@ pub(super) unsafe extern "C" fn net_init_v11(
         let class =
             unsafe { config.as_ref() }.map_or(NCCL_NET_TRAFFIC_CLASS_UNDEF, |c| c.trafficClass);
         out.write(handles::context_into_raw(Plugin::open_context(
-            comm_id, class,
+            comm_id, class, model,
         )?));
         Ok(())
     })

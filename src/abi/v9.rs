@@ -42,8 +42,15 @@ pub static ncclNetPlugin_v9: ncclNet_v9_t = ncclNet_v9_t {
     makeVDevice: Some(net_make_vdevice_v9),
 };
 
+/// The device table of v9 to v11: their properties list at most 4 ports per virtual device.
+pub(super) const V9_TO_V11: DeviceModel = DeviceModel::Ports {
+    devs_per_nic: NCCL_NET_MAX_DEVS_PER_NIC_V11,
+};
+// The survey names these tables by the same limit (its WARN for larger groups, the doctor's).
+const _: () = assert!(NCCL_NET_MAX_DEVS_PER_NIC_V11 == crate::plugin::SMALL_VDEVICE_LIMIT);
+
 pub(super) unsafe extern "C" fn net_init_v9(logger: ncclDebugLogger_t) -> ncclResult_t {
-    entry::init(logger, DeviceModel::Ports)
+    entry::init(logger, V9_TO_V11)
 }
 
 /// Copy `p` into v9's (and v10's) struct.

@@ -22,7 +22,8 @@ use parking_lot::RwLock;
 pub use self::context::{CommContext, Flows, NetHints, RawNetAttr, traffic_class_of};
 pub use self::device::Device;
 pub use self::survey::{
-    DeviceModel, DeviceVerdict, DmaBufProbe, GpuFacts, Survey, fusion_policy, probe_dmabuf_live,
+    DeviceModel, DeviceVerdict, DmaBufProbe, GpuFacts, SMALL_VDEVICE_LIMIT, SMALL_VDEVICE_TABLES,
+    Survey, fusion_policy, probe_dmabuf_live,
 };
 use crate::core::config::{Config, not_implemented_set};
 use crate::core::error::{Error, Result};
@@ -84,10 +85,14 @@ impl Plugin {
     ///
     /// # Errors
     /// As [`Plugin::init`], and `Config` for an invalid traffic class.
-    pub fn open_context(comm_id: u64, traffic_class: i32) -> Result<CommContext> {
+    pub fn open_context(
+        comm_id: u64,
+        traffic_class: i32,
+        model: DeviceModel,
+    ) -> Result<CommContext> {
         let context = CommContext::new(comm_id, traffic_class)?;
         let mut life = LIFETIME.write();
-        Self::current_or_build(&mut life, DeviceModel::Ports)?;
+        Self::current_or_build(&mut life, model)?;
         life.contexts += 1;
         Ok(context)
     }
@@ -191,7 +196,7 @@ impl Plugin {
     /// `Config` (NCCL keeps the devices apart) when the rules refuse, with the reason; `Misuse`
     /// for indices that are not ports of this plugin or a table made for ncclNet v8.
     pub fn make_virtual_device(&self, members: &[i32], max_members: usize) -> Result<i32> {
-        if self.model != DeviceModel::Ports {
+        if self.model == DeviceModel::Fused {
             return Err(Error::misuse(
                 "makeVDevice on a device table made for ncclNet v8 (ports already fused at init)",
             ));
@@ -228,7 +233,16 @@ impl Plugin {
             .map(|p| p.name.as_str())
             .collect::<Vec<_>>()
             .join("+");
-        let virt = fuse_listed(&ports, &fusion_policy(&self.config, max_members)).map_err(|why| {
+        let virt = fuse_listed(
+            &ports,
+            &fusion_policy(
+                &self.config,
+                DeviceModel::Ports {
+                    devs_per_nic: max_members,
+                },
+            ),
+        )
+        .map_err(|why| {
             tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: fusion {label} refused: {why}");
             Error::config(format!("makeVDevice {label} refused: {why}"))
         })?;
@@ -321,7 +335,7 @@ impl Plugin {
             .collect();
         let model = match self.model {
             DeviceModel::Fused => "ncclNet v8, ports of a NIC fused here",
-            DeviceModel::Ports => "ncclNet v9+, NCCL fuses ports with makeVDevice",
+            DeviceModel::Ports { .. } => "ncclNet v9+, NCCL fuses ports with makeVDevice",
         };
         tracing::info!(
             target: INIT_TARGET,

@@ -22,9 +22,37 @@ use crate::verbs::{self, Discovery};
 pub enum DeviceModel {
     /// ncclNet v8: the ports of one NIC fused at init.
     Fused,
-    /// ncclNet v9+: one device per port; NCCL fuses through `makeVDevice`.
-    Ports,
+    /// ncclNet v9+: one device per port; NCCL fuses through `makeVDevice`. `devs_per_nic`
+    /// is the most ports the table's properties describe in one device (4 in v9 to v11, 8 in
+    /// v12): an `NCCL_NET_RS_FUSE` group larger than that is refused at `init`.
+    Ports { devs_per_nic: usize },
 }
+
+impl DeviceModel {
+    /// The most ports one device of this table may fuse.
+    pub fn max_members(self) -> usize {
+        match self {
+            Self::Fused => MAX_FUSED_MEMBERS,
+            Self::Ports { devs_per_nic } => devs_per_nic.min(MAX_FUSED_MEMBERS),
+        }
+    }
+
+    /// The ncclNet tables, with the NCCL versions that load them, whose devices may have this
+    /// many members at most (for the line that refuses a larger group).
+    pub fn member_limit_holder(self) -> &'static str {
+        match self {
+            Self::Ports { devs_per_nic } if devs_per_nic < MAX_FUSED_MEMBERS => {
+                SMALL_VDEVICE_TABLES
+            }
+            _ => "this plugin",
+        }
+    }
+}
+
+/// The tables whose virtual devices list at most 4 ports (`NCCL_NET_MAX_DEVS_PER_NIC_V11`).
+pub const SMALL_VDEVICE_TABLES: &str = "ncclNet v9 to v11 (NCCL 2.24 to 2.29)";
+/// How many ports their virtual devices list.
+pub const SMALL_VDEVICE_LIMIT: usize = 4;
 
 /// What GPUDirect RDMA and relaxed ordering depend on beyond the devices themselves.
 #[derive(Clone, Debug)]
@@ -147,13 +175,14 @@ impl DeviceVerdict {
     }
 }
 
-/// The fusion rules in force for `config`, allowing `max_members` per device.
-pub fn fusion_policy(config: &Config, max_members: usize) -> FusionPolicy {
+/// The fusion rules in force for `config` under the table `model`.
+pub fn fusion_policy(config: &Config, model: DeviceModel) -> FusionPolicy {
     FusionPolicy {
         merge_nics: config.merge_nics,
         merge_vfs: config.merge_vfs,
         explicit: config.fuse.clone(),
-        max_members,
+        max_members: model.max_members(),
+        limit_holder: model.member_limit_holder(),
     }
 }
 
@@ -169,6 +198,8 @@ pub struct Survey {
     pub ports: Vec<NetDevice>,
     /// One line per fusion made or refused.
     pub fusion_decisions: Vec<String>,
+    /// One line per `NCCL_NET_RS_FUSE` group larger than the table allows (a WARN).
+    pub fusion_warnings: Vec<String>,
     /// The devices NCCL sees, in index order.
     pub devices: Vec<DeviceVerdict>,
 }
@@ -189,6 +220,7 @@ impl Survey {
             discovery,
             ports: Vec::new(),
             fusion_decisions: Vec::new(),
+            fusion_warnings: Vec::new(),
             devices: Vec::new(),
         };
         survey.selection = match &survey.discovery {
@@ -198,15 +230,16 @@ impl Survey {
         let Ok(selection) = &survey.selection else {
             return survey;
         };
-        let policy = fusion_policy(config, MAX_FUSED_MEMBERS);
+        let policy = fusion_policy(config, model);
         let fusion = match model {
             DeviceModel::Fused => fuse(selection.devices.clone(), &policy),
-            DeviceModel::Ports => {
+            DeviceModel::Ports { .. } => {
                 survey.ports = selection.devices.clone();
                 physical_then_explicit(selection.devices.clone(), &policy)
             }
         };
         survey.fusion_decisions = fusion.decisions;
+        survey.fusion_warnings = fusion.warnings;
         survey.devices = fusion
             .devices
             .into_iter()
@@ -236,6 +269,9 @@ impl Survey {
                 s.skipped.join("; ")
             ),
             Ok(_) => {}
+        }
+        for warning in &self.fusion_warnings {
+            tracing::warn!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: {warning}");
         }
         for decision in &self.fusion_decisions {
             tracing::info!(target: INIT_TARGET, "NET/{PLUGIN_NAME}: fusion: {decision}");

@@ -19,6 +19,9 @@ pub struct FusionPolicy {
     pub explicit: Vec<Vec<String>>,
     /// Most members of one fused device.
     pub max_members: usize,
+    /// What sets that limit (`"this plugin"`, or the ncclNet tables whose devices list fewer
+    /// ports), for the line that refuses a larger group.
+    pub limit_holder: &'static str,
 }
 
 /// One NCCL device: a single port, or several fused ports that carry its traffic together.
@@ -66,6 +69,9 @@ pub struct Fusion {
     pub devices: Vec<VirtualDevice>,
     /// `"fused a+b: <reason>"`, `"a not fused: <reason>"`, `"fusion a+b refused: <reason>"`.
     pub decisions: Vec<String>,
+    /// `NCCL_NET_RS_FUSE` groups with more ports than one device may have: what the operator
+    /// asked for and does not get, one WARN line each; their ports stay separate devices.
+    pub warnings: Vec<String>,
 }
 
 /// How the automatic policy sees a port.
@@ -99,11 +105,7 @@ fn refusal(members: &[&NetDevice], policy: &FusionPolicy) -> Option<String> {
         return Some("NCCL_IB_MERGE_NICS=0 turns fusion off".to_owned());
     }
     if members.len() > policy.max_members {
-        return Some(format!(
-            "{} ports, more than the {} one device may fuse",
-            members.len(),
-            policy.max_members
-        ));
+        return Some(too_many(members.len(), policy));
     }
     let first = members[0];
     if let Some(other) = members.iter().find(|m| m.link_layer != first.link_layer) {
@@ -128,6 +130,28 @@ fn refusal(members: &[&NetDevice], policy: &FusionPolicy) -> Option<String> {
         }
     }
     None
+}
+
+/// Why `n` ports are more than one device may fuse.
+fn too_many(n: usize, policy: &FusionPolicy) -> String {
+    format!(
+        "{n} ports, more than the {} one device of {} may have",
+        policy.max_members, policy.limit_holder
+    )
+}
+
+/// The WARN line of an `NCCL_NET_RS_FUSE` group larger than one device may be, if `wanted` is
+/// one.
+fn oversized_group(wanted: &[String], policy: &FusionPolicy) -> Option<String> {
+    (wanted.len() > policy.max_members).then(|| {
+        format!(
+            "NCCL_NET_RS_FUSE group {} refused: {}; its ports stay separate devices (split it \
+             into groups of at most {})",
+            wanted.join("+"),
+            too_many(wanted.len(), policy),
+            policy.max_members
+        )
+    })
 }
 
 /// Why a port with no partner stays alone.
@@ -222,8 +246,13 @@ pub fn fuse_listed(members: &[&NetDevice], policy: &FusionPolicy) -> Result<Virt
 /// every port alone, in index order, then one device per `NCCL_NET_RS_FUSE` group.
 pub fn physical_then_explicit(devices: Vec<NetDevice>, policy: &FusionPolicy) -> Fusion {
     let mut decisions = Vec::new();
+    let mut warnings = Vec::new();
     let mut fused = Vec::new();
     for wanted in &policy.explicit {
+        if let Some(warning) = oversized_group(wanted, policy) {
+            warnings.push(warning);
+            continue;
+        }
         let label = wanted.join("+");
         let made = find_named(wanted, &devices).and_then(|found| {
             let refs: Vec<&NetDevice> = found.iter().map(|&i| &devices[i]).collect();
@@ -245,17 +274,23 @@ pub fn physical_then_explicit(devices: Vec<NetDevice>, policy: &FusionPolicy) ->
     Fusion {
         devices: all,
         decisions,
+        warnings,
     }
 }
 
 /// Group `devices` (already in NCCL index order) into virtual devices.
 pub fn fuse(devices: Vec<NetDevice>, policy: &FusionPolicy) -> Fusion {
     let mut decisions = Vec::new();
+    let mut warnings = Vec::new();
     // Group ids per device; a group is placed where its first member was.
     let mut group_of: Vec<Option<usize>> = vec![None; devices.len()];
     let mut groups: Vec<(Vec<usize>, String)> = Vec::new();
 
     for wanted in &policy.explicit {
+        if let Some(warning) = oversized_group(wanted, policy) {
+            warnings.push(warning);
+            continue;
+        }
         let label = wanted.join("+");
         let found = find_named(wanted, &devices).and_then(|found| {
             match found.iter().find(|&&i| group_of[i].is_some()) {
@@ -338,6 +373,7 @@ pub fn fuse(devices: Vec<NetDevice>, policy: &FusionPolicy) -> Fusion {
     let mut fusion = Fusion {
         devices: Vec::new(),
         decisions,
+        warnings,
     };
     for (members, reason) in groups {
         let members: Vec<NetDevice> = members.iter().filter_map(|&i| slots[i].take()).collect();

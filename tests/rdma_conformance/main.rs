@@ -301,6 +301,18 @@ const SECOND_PATH: (&str, &str) = ("RSIB_SECOND_PATH", "1");
 /// (v9 and later) and uses the new device.
 const VDEVICE: &str = "RSIB_TEST_VDEVICE";
 
+/// In a scenario's environment: the runner makes rxe5 to rxe9 (on dummy netdevs, reaching
+/// nothing) before its ranks start and removes them after they end, so that up to eight ports
+/// can be fused.
+const EXTRA_PORTS: (&str, &str) = ("RSIB_EXTRA_PORTS", "1");
+
+/// What the runner adds to the test bed when a scenario's environment names it: the entry, and
+/// `vm-guest.sh`'s option that makes (`up`) and removes (`down`) it.
+const ADDITIONS: [((&str, &str), &str); 2] = [
+    (SECOND_PATH, "--second-path"),
+    (EXTRA_PORTS, "--extra-ports"),
+];
+
 /// `(NON_UTF8, NAME)` in a scenario's environment sets the variable NAME to the bytes `ff fe`.
 const NON_UTF8: &str = "RSIB_NON_UTF8";
 
@@ -423,23 +435,29 @@ fn half_connect(handle: &str, dev: &str) {
 /// Run one scenario's processes, through ncclNet `abi` (or what the scenario's environment
 /// says); `Err` describes the failure.
 fn run_scenario(s: &Scenario, abi: Option<u8>) -> Result<(), String> {
-    if !s.env.iter().any(|env| env.contains(&SECOND_PATH)) {
-        return run_ranks(s, abi);
+    let wanted: Vec<&str> = ADDITIONS
+        .iter()
+        .filter(|(entry, _)| s.env.iter().any(|env| env.contains(entry)))
+        .map(|&(_, option)| option)
+        .collect();
+    for option in &wanted {
+        test_bed(option, "up")?;
     }
-    second_path("up")?;
     let outcome = run_ranks(s, abi);
-    second_path("down").and(outcome)
+    wanted.iter().rev().fold(outcome, |outcome, option| {
+        test_bed(option, "down").and(outcome)
+    })
 }
 
-fn second_path(state: &str) -> Result<(), String> {
+fn test_bed(option: &str, state: &str) -> Result<(), String> {
     let script = support::repo_root().join("scripts/vm-guest.sh");
     let ok = Command::new("bash")
         .arg(&script)
-        .args(["--second-path", state])
+        .args([option, state])
         .status()
         .is_ok_and(|s| s.success());
     ok.then_some(())
-        .ok_or_else(|| format!("vm-guest.sh --second-path {state} failed"))
+        .ok_or_else(|| format!("vm-guest.sh {option} {state} failed"))
 }
 
 /// [`run_scenario`]'s processes.

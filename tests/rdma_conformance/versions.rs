@@ -359,6 +359,56 @@ fn make_vdevice_refused_when_merging_is_off(cx: &mut Cx) {
     cx.net.close_listen(cx.lc);
 }
 
+/// An `NCCL_NET_RS_FUSE` group against the most ports the loaded table's virtual devices list
+/// (`NCCL_NET_MAX_DEVS_PER_NIC`: 4 in v9 to v11, 8 in v12): within it, one more device with
+/// every member in its properties; above it, refused at `init` with one WARN naming the
+/// variable, the group and the limit, and every port still a device whose properties NCCL can
+/// read (before, `getProperties` failed for such a group and NCCL 2.24 to 2.29 aborted).
+fn fuse_group_against_the_tables_limit(cx: &mut Cx) {
+    let group = std::env::var("NCCL_NET_RS_FUSE").unwrap();
+    let members = group.split('+').count();
+    let abi = crate::support::net::test_abi().unwrap();
+    let limit = if (9..=11).contains(&abi) { 4 } else { 8 };
+    let devices: Vec<_> = (0..cx.net.devices())
+        .map(|d| {
+            cx.net
+                .0
+                .device(d)
+                .unwrap_or_else(|rc| panic!("getProperties({d}): {rc}"))
+        })
+        .collect();
+    let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names[..8], PORTS, "every port is a device of its own");
+    if members <= limit {
+        assert_eq!(names[8..], [group.as_str()], "the group is one more device");
+        let listed = devices[8].members.as_ref().unwrap();
+        assert_eq!(
+            listed,
+            &[0, 1, 2, 3, 4, 5, 6, 7][8 - members..],
+            "{names:?}"
+        );
+    } else {
+        assert_eq!(names.len(), 8, "no device for the refused group: {names:?}");
+        println!(
+            "EXPECT_STDERR NCCL_NET_RS_FUSE group {group} refused: {members} ports, more than \
+             the 4 one device of ncclNet v9 to v11 (NCCL 2.24 to 2.29) may have; its ports stay \
+             separate devices"
+        );
+    }
+    cx.net.close_listen(cx.lc);
+}
+
+/// The test bed's ports with the extra ones ([`crate::EXTRA_PORTS`]), in index order.
+const PORTS: [&str; 8] = [
+    "rxe0", "rxe1", "rxe2", "rxe5", "rxe6", "rxe7", "rxe8", "rxe9",
+];
+const FUSE4: (&str, &str) = ("NCCL_NET_RS_FUSE", "rxe6+rxe7+rxe8+rxe9");
+const FUSE5: (&str, &str) = ("NCCL_NET_RS_FUSE", "rxe5+rxe6+rxe7+rxe8+rxe9");
+const FUSE8: (&str, &str) = (
+    "NCCL_NET_RS_FUSE",
+    "rxe0+rxe1+rxe2+rxe5+rxe6+rxe7+rxe8+rxe9",
+);
+
 /// v11+ `setNetAttr`: any thread, any time; validated; recorded and logged at TRACE.
 fn set_net_attr_is_validated_and_recorded(cx: &mut Cx) {
     let net = &cx.net.0;
@@ -632,5 +682,59 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         ranks: 1,
         run: set_net_attr_is_validated_and_recorded,
         env: &[&[("RSIB_TEST_ABI", "12"), ("NCCL_DEBUG", "TRACE")]],
+    },
+    Scenario {
+        name: "v9/fuse_group_of_4_against_the_tables_limit",
+        ranks: 1,
+        run: fuse_group_against_the_tables_limit,
+        env: &[&[("RSIB_TEST_ABI", "9"), FUSE4, crate::EXTRA_PORTS]],
+    },
+    Scenario {
+        name: "v9/fuse_group_of_5_against_the_tables_limit",
+        ranks: 1,
+        run: fuse_group_against_the_tables_limit,
+        env: &[&[("RSIB_TEST_ABI", "9"), FUSE5, crate::EXTRA_PORTS]],
+    },
+    Scenario {
+        name: "v9/fuse_group_of_8_against_the_tables_limit",
+        ranks: 1,
+        run: fuse_group_against_the_tables_limit,
+        env: &[&[("RSIB_TEST_ABI", "9"), FUSE8, crate::EXTRA_PORTS]],
+    },
+    Scenario {
+        name: "v11/fuse_group_of_4_against_the_tables_limit",
+        ranks: 1,
+        run: fuse_group_against_the_tables_limit,
+        env: &[&[("RSIB_TEST_ABI", "11"), FUSE4, crate::EXTRA_PORTS]],
+    },
+    Scenario {
+        name: "v11/fuse_group_of_5_against_the_tables_limit",
+        ranks: 1,
+        run: fuse_group_against_the_tables_limit,
+        env: &[&[("RSIB_TEST_ABI", "11"), FUSE5, crate::EXTRA_PORTS]],
+    },
+    Scenario {
+        name: "v11/fuse_group_of_8_against_the_tables_limit",
+        ranks: 1,
+        run: fuse_group_against_the_tables_limit,
+        env: &[&[("RSIB_TEST_ABI", "11"), FUSE8, crate::EXTRA_PORTS]],
+    },
+    Scenario {
+        name: "v12/fuse_group_of_4_against_the_tables_limit",
+        ranks: 1,
+        run: fuse_group_against_the_tables_limit,
+        env: &[&[("RSIB_TEST_ABI", "12"), FUSE4, crate::EXTRA_PORTS]],
+    },
+    Scenario {
+        name: "v12/fuse_group_of_5_against_the_tables_limit",
+        ranks: 1,
+        run: fuse_group_against_the_tables_limit,
+        env: &[&[("RSIB_TEST_ABI", "12"), FUSE5, crate::EXTRA_PORTS]],
+    },
+    Scenario {
+        name: "v12/fuse_group_of_8_against_the_tables_limit",
+        ranks: 1,
+        run: fuse_group_against_the_tables_limit,
+        env: &[&[("RSIB_TEST_ABI", "12"), FUSE8, crate::EXTRA_PORTS]],
     },
 ];

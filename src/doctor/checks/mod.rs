@@ -12,9 +12,11 @@ use super::facts::{
 use super::finding::{Finding, Severity};
 use super::pcie::{PcieLink, acs_control, acs_redirects, relaxed_ordering_enabled};
 use super::rows::{hca_port, pcie_function_dir, port_netdev};
-use crate::core::config::{AddrFamily, MAX_FUSED_MEMBERS, NOT_IMPLEMENTED};
+use crate::core::config::{AddrFamily, NOT_IMPLEMENTED};
 use crate::driver::Exports;
-use crate::plugin::{PLUGIN_NAME, fusion_policy};
+use crate::plugin::{
+    DeviceModel, PLUGIN_NAME, SMALL_VDEVICE_LIMIT, SMALL_VDEVICE_TABLES, fusion_policy,
+};
 use crate::topology::{
     DmaBuf, GidEntry, GidPolicy, HcaPort, LinkLayer, NetDevice, PORT_ACTIVE, PciAddress, PeerMem,
     choose_gid, dmabuf_both_sides, fuse, mtu_bytes, phys_state_name, pkey_at, port_state_name,
@@ -180,7 +182,7 @@ fn degraded_devices(facts: &NodeFacts) -> Vec<DegradedDevice> {
         hca_filter(&facts.config).as_ref(),
         &facts.roots.sysfs(),
     );
-    let policy = fusion_policy(&facts.config, MAX_FUSED_MEMBERS);
+    let policy = fusion_policy(&facts.config, DeviceModel::Fused);
     fuse(selection.devices, &policy)
         .devices
         .into_iter()

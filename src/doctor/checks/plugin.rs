@@ -429,9 +429,42 @@ pub(super) fn plugin_devices(facts: &NodeFacts) -> Vec<Finding> {
                     ),
                 )
             });
-            std::iter::once(listed).chain(degraded(facts)).collect()
+            std::iter::once(listed)
+                .chain(degraded(facts))
+                .chain(too_large_for_older_tables(facts))
+                .collect()
         }
     }
+}
+
+/// A WARN for each `NCCL_NET_RS_FUSE` group with more ports than ncclNet v9 to v11 describe in
+/// one device: the plugin refuses it at their `init` (the doctor cannot tell which NCCL the job
+/// loads), so under NCCL 2.24 to 2.29 its ports stay separate devices.
+fn too_large_for_older_tables(facts: &NodeFacts) -> Vec<Finding> {
+    facts
+        .config
+        .fuse
+        .iter()
+        .filter(|group| group.len() > SMALL_VDEVICE_LIMIT)
+        .map(|group| {
+            Finding::new(
+                Severity::Warn,
+                "plugin.devices",
+                group.join("+"),
+                format!(
+                    "NCCL_NET_RS_FUSE group of {} ports: {SMALL_VDEVICE_TABLES} describe at most \
+                     {SMALL_VDEVICE_LIMIT} ports per device, so under those NCCL versions the \
+                     plugin refuses the group at init and its ports stay separate devices; NCCL \
+                     2.20 to 2.23 and 2.30 or later fuse it",
+                    group.len()
+                ),
+            )
+            .fix(format!(
+                "split it into groups of at most {SMALL_VDEVICE_LIMIT} ports where jobs run NCCL \
+                 2.24 to 2.29"
+            ))
+        })
+        .collect()
 }
 
 /// A WARN for each fused device that runs on fewer members than it has (see
