@@ -761,7 +761,13 @@ mod tests {
         assert!(failed.check_posting().is_ok());
         // A later completion keeps the first one's words.
         failed.record_completion(Error::new(Kind::Remote, "flushed"));
-        assert!(failed.check().unwrap_err().to_string().contains("remote access"));
+        assert!(
+            failed
+                .check()
+                .unwrap_err()
+                .to_string()
+                .contains("remote access")
+        );
         let progressed = Err(Error::new(Kind::Remote, "retry exceeded"));
         assert!(failed.after_posting_progress(progressed).is_ok());
         failed.record(Error::new(Kind::Remote, "receive comm closed"));
@@ -770,7 +776,10 @@ mod tests {
         failed.record(Error::new(Kind::System, "second"));
         assert!(failed.check().unwrap_err().to_string().contains("closed"));
         failed.record_completion(Error::new(Kind::Remote, "late"));
-        assert!(failed.check_posting().is_err(), "a completion never hides it");
+        assert!(
+            failed.check_posting().is_err(),
+            "a completion never hides it"
+        );
     }
 
     #[test]
