@@ -48,7 +48,9 @@ fn bad_arguments_exit_2() {
     let (code, out, _) = doctor(&["--help"]);
     assert_eq!(code, 0);
     assert!(
-        out.contains("Exit codes: 0 no FAIL, 1 a FAIL, 2 could not run"),
+        out.contains(
+            "Exit codes: 0 no FAIL, 1 a FAIL (with --strict: or an UNKNOWN), 2 could not run"
+        ),
         "{out}"
     );
 }
@@ -141,6 +143,29 @@ fn a_peer_that_never_answers_is_exit_2_not_a_verdict() {
     let (code, _, err) = doctor(&["--serve", "127.0.0.1:0", "--timeout", "1"]);
     assert_eq!(code, 2);
     assert!(err.contains("no peer connected to 127.0.0.1:"), "{err}");
+}
+
+/// `--serve` without an address listens on the plugin's out-of-band address (here by
+/// `NCCL_SOCKET_IFNAME`; without it by NCCL's rule), never on every interface.
+#[test]
+fn serve_binds_the_out_of_band_address_not_every_interface() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nccl-net-doctor"))
+        .args(["--serve", "0", "--timeout", "1"])
+        .env("NCCL_SOCKET_IFNAME", "=lo")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("serving on the out-of-band address 127.0.0.1 on lo (NCCL_SOCKET_IFNAME==lo)"),
+        "{err}"
+    );
+    assert!(err.contains("no peer connected to 127.0.0.1:"), "{err}");
+    let (code, _, err) = doctor(&["--serve", "--timeout", "1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("serving on the out-of-band address "), "{err}");
+    assert!(err.contains(":18515 within"), "{err}");
+    assert!(!err.contains("0.0.0.0"), "{err}");
 }
 
 #[test]

@@ -291,6 +291,52 @@ fn memlock_lowered_with_ulimit_fails() {
     );
 }
 
+/// The doctor as the job's user would run it (a Slurm TaskProlog, an `srun` step, the training
+/// container): uid 65534 with the limit the job gets, here raised by root before the uid is
+/// dropped. memlock is measured from that user's own limit; a check it cannot make (the
+/// kernel's log, restricted) is UNKNOWN, which exit code 0 admits and `--strict` turns into 1.
+#[test]
+fn as_the_jobs_user_unknown_passes_the_gate_unless_strict() {
+    let _vm = in_vm();
+    let restricted = std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict").unwrap();
+    let _undo =
+        (restricted.trim() == "0").then(|| Undo("echo 0 > /proc/sys/kernel/dmesg_restrict"));
+    sh("echo 1 > /proc/sys/kernel/dmesg_restrict");
+    let as_user = |limit: &str, args: &[&str]| {
+        let script = format!(
+            "ulimit -l {limit} && exec setpriv --reuid=65534 --regid=65534 --clear-groups \
+             --bounding-set -ipc_lock \"$0\" \"$@\""
+        );
+        doctor_with(&["bash", "-c", &script], args, &[])
+    };
+    let run = as_user("unlimited", &["--json"]);
+    assert_eq!(run.code, 0, "UNKNOWN and WARN, no FAIL: {}", run.stdout);
+    run.has(
+        "UNKNOWN",
+        "kernel.log",
+        "node",
+        "reading the kernel log needs root",
+    );
+    run.has("PASS", "memlock", "process", "unlimited");
+    let strict = as_user("unlimited", &["--json", "--strict"]);
+    assert_eq!(
+        strict.code, 1,
+        "--strict: an UNKNOWN fails the gate: {}",
+        strict.stdout
+    );
+    let human = as_user("unlimited", &["--strict", "--color", "never"]);
+    assert_eq!(human.code, 1, "{}", human.stdout);
+    // The user's own limit, not root's exemption.
+    let low = as_user("8192", &["--json"]);
+    assert_eq!(low.code, 1, "{}", low.stdout);
+    low.has(
+        "FAIL",
+        "memlock",
+        "process",
+        "locked-memory limit 8 MiB < 265 MiB needed for 32 connections",
+    );
+}
+
 #[test]
 fn unopenable_uverbs_fails_for_that_device() {
     let _vm = in_vm();

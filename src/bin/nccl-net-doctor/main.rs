@@ -1,8 +1,9 @@
 //! nccl-net-doctor: what is wrong with this node, or with a pair of nodes, for NCCL over this
 //! plugin; one line per finding, worst first, from the plugin's own decisions.
 //!
-//! Exit codes: 0 no FAIL (WARN allowed), 1 at least one FAIL, 2 the doctor could not run
-//! (bad arguments, the peer never came). `nccl-net-doctor --help` lists the options.
+//! Exit codes: 0 no FAIL (WARN allowed), 1 at least one FAIL (or, with `--strict`, an UNKNOWN:
+//! a check that could not be measured), 2 the doctor could not run (bad arguments, the peer
+//! never came). `nccl-net-doctor --help` lists the options.
 
 mod card;
 mod pair;
@@ -14,9 +15,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use nccl_net::doctor::{CHECKS, Finding, NodeFacts, Roots, device_rows, node_checks, worst_first};
+use nccl_net::doctor::{
+    CHECKS, DeviceRow, Finding, NodeFacts, Roots, device_rows, node_checks, worst_first,
+};
 use nccl_net::driver::Library;
 use nccl_net::plugin::{GpuFacts, probe_dmabuf_live};
+use nccl_net::topology::GidEntry;
+use nccl_net::transport::{choose_oob_address, oob_settings};
 use nccl_net::verbs;
 
 use crate::card::node_card;
@@ -28,7 +33,7 @@ use crate::report::Colour;
 #[command(
     name = "nccl-net-doctor",
     version,
-    after_help = "Exit codes: 0 no FAIL, 1 a FAIL, 2 could not run."
+    after_help = "Exit codes: 0 no FAIL, 1 a FAIL (with --strict: or an UNKNOWN), 2 could not run."
 )]
 struct Args {
     /// Print one JSON object (see --schema) instead of the table and lines.
@@ -40,12 +45,18 @@ struct Args {
     /// List the check ids and exit.
     #[arg(long)]
     list_checks: bool,
+    /// Exit code 1 on UNKNOWN too (a check that could not be measured, e.g. ACS or the kernel's
+    /// log without root): a gate that admits only nodes every check could judge.
+    #[arg(long)]
+    strict: bool,
     /// Peer connections (a send and a receive comm each) one process is expected to hold: the
     /// memlock budget.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     connections: u64,
-    /// Serve a pair check on ADDR:PORT and wait for `--peer`.
-    #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1, default_missing_value = "0.0.0.0:18515",
+    /// Serve a pair check on ADDR:PORT and wait for `--peer`; without ADDR, on the address the
+    /// plugin's own listeners use (its out-of-band address for the first member of `--dev`,
+    /// default device 0), port 18515 unless given.
+    #[arg(long, value_name = "[ADDR:]PORT", num_args = 0..=1, default_missing_value = "",
           conflicts_with_all = ["peer", "loopback"])]
     serve: Option<String>,
     /// Run a pair check against a node running `--serve`.
@@ -103,6 +114,44 @@ fn could_not_run(args: &Args, why: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// The port `--serve` listens on when none is given.
+const SERVE_PORT: u16 = 18515;
+
+/// Where `--serve` listens: `ADDR:PORT` as given; a bare `PORT`, or nothing, on the
+/// out-of-band address the plugin would use for device `dev`'s first member (never every
+/// interface: the pair check carries no authentication).
+fn serve_address(
+    given: &str,
+    facts: &NodeFacts,
+    rows: &[DeviceRow],
+    dev: Option<usize>,
+) -> Result<String, String> {
+    let port = if given.is_empty() {
+        SERVE_PORT
+    } else if let Ok(port) = given.parse::<u16>() {
+        port
+    } else {
+        return Ok(given.to_owned());
+    };
+    // The first member's RoCE GID; an InfiniBand port (or none) goes by NCCL's rule.
+    let gid = rows
+        .get(dev.unwrap_or(0))
+        .and_then(|row| row.members.first())
+        .and_then(|m| m.gid.clone())
+        .and_then(Result::ok)
+        .unwrap_or(GidEntry {
+            index: 0,
+            gid: [0; 16],
+            roce_version: None,
+            netdev: None,
+        });
+    let interfaces = verbs::interface_addrs().map_err(|e| e.to_string())?;
+    let oob = choose_oob_address(&interfaces, &oob_settings(&facts.config), &gid)
+        .map_err(|why| format!("no address to serve on: {why}; give --serve ADDR:PORT"))?;
+    eprintln!("nccl-net-doctor: serving on the out-of-band address {oob}");
+    Ok(std::net::SocketAddr::new(oob.addr, port).to_string())
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.schema {
@@ -140,8 +189,12 @@ fn main() -> ExitCode {
         dev: args.dev,
         plugin: args.plugin.clone(),
     };
-    let (mode, outcome) = if let Some(addr) = &args.serve {
-        ("serve", Some(pair::serve(addr, &card, &roots, &options)))
+    let (mode, outcome) = if let Some(given) = &args.serve {
+        let addr = match serve_address(given, &facts, &rows, args.dev) {
+            Ok(addr) => addr,
+            Err(why) => return could_not_run(&args, &why),
+        };
+        ("serve", Some(pair::serve(&addr, &card, &roots, &options)))
     } else if let Some(addr) = &args.peer {
         ("peer", Some(pair::peer(addr, &card, &roots, &options)))
     } else if args.loopback {
@@ -158,7 +211,7 @@ fn main() -> ExitCode {
     if args.json {
         emit(&format!(
             "{}\n",
-            report::json(mode, &facts, &card, peer.as_ref(), &findings)
+            report::json(mode, &facts, &card, peer.as_ref(), &findings, args.strict)
         ));
     } else {
         let header = format!(
@@ -176,5 +229,5 @@ fn main() -> ExitCode {
             args.color,
         ));
     }
-    ExitCode::from(u8::try_from(report::exit_code(&findings)).unwrap_or(1))
+    ExitCode::from(u8::try_from(report::exit_code(&findings, args.strict)).unwrap_or(1))
 }

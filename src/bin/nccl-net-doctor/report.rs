@@ -58,9 +58,10 @@ pub(crate) fn overall(findings: &[Finding]) -> Severity {
         .unwrap_or(Severity::Pass)
 }
 
-/// 0 without a FAIL, 1 with one.
-pub(crate) fn exit_code(findings: &[Finding]) -> i32 {
-    i32::from(findings.iter().any(|f| f.severity == Severity::Fail))
+/// 0 without a FAIL, 1 with one (or, `strict`, with an UNKNOWN).
+pub(crate) fn exit_code(findings: &[Finding], strict: bool) -> i32 {
+    let fails = |s: Severity| s == Severity::Fail || (strict && s == Severity::Unknown);
+    i32::from(findings.iter().any(|f| fails(f.severity)))
 }
 
 /// `FAIL 1, WARN 2, ...`: counts per severity, worst first.
@@ -204,6 +205,7 @@ pub(crate) fn json(
     card: &NodeCard,
     peer: Option<&NodeCard>,
     findings: &[Finding],
+    strict: bool,
 ) -> Value {
     let kernel = facts.roots.read("/proc/sys/kernel/osrelease");
     json!({
@@ -219,9 +221,31 @@ pub(crate) fn json(
             "kernel": kernel,
         },
         "overall": overall(findings).name(),
-        "exit_code": exit_code(findings),
+        "exit_code": exit_code(findings, strict),
         "devices": serde_json::to_value(&card.devices).unwrap_or(Value::Null),
         "peer": peer.map(|p| serde_json::to_value(p).unwrap_or(Value::Null)),
         "findings": findings.iter().map(finding_json).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/doctor.md: UNKNOWN is never counted as a pass where the gate asks (`--strict`);
+    /// without it only a FAIL keeps the node out.
+    #[test]
+    fn unknown_fails_the_gate_only_when_strict() {
+        let finding = |s| Finding::new(s, "memlock", "process", "x");
+        let unknown = [finding(Severity::Warn), finding(Severity::Unknown)];
+        assert_eq!(exit_code(&unknown, false), 0);
+        assert_eq!(exit_code(&unknown, true), 1);
+        let failed = [finding(Severity::Fail)];
+        assert_eq!(
+            (exit_code(&failed, false), exit_code(&failed, true)),
+            (1, 1)
+        );
+        let clean = [finding(Severity::Pass), finding(Severity::Skip)];
+        assert_eq!(exit_code(&clean, true), 0);
+    }
 }
