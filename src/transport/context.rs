@@ -3,7 +3,7 @@
 //! device, one protection domain, the chosen GID, the out-of-band address and the registration
 //! cache.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::mr::MrCache;
+use super::oob::{OobSettings, choose_oob_address};
 use super::watch::DeviceHealth;
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
@@ -20,7 +21,7 @@ use crate::topology::{
     GidEntry, GidPolicy, LinkLayer, NetDevice, PORT_ACTIVE, SysfsRoot, VirtualDevice, choose_gid,
     configured_pkey, port_state_name, select_ib_gid,
 };
-use crate::verbs::{Device, InterfaceAddr, ProtectionDomain, interface_addrs};
+use crate::verbs::{Device, ProtectionDomain, interface_addrs};
 
 /// One NCCL device opened for connections.
 #[derive(Debug)]
@@ -275,12 +276,11 @@ impl PortContext {
             None => String::new(),
         };
         let interfaces = interface_addrs()?;
-        let oob_ip = choose_oob_address(&interfaces, config.socket_ifname.as_deref(), &gid)
-            .map_err(|why| {
-                Error::config(format!(
-                    "no address for the out-of-band exchange of {where_}: {why}"
-                ))
-            })?;
+        let oob = choose_oob_address(&interfaces, &oob_settings(config), &gid).map_err(|why| {
+            Error::config(format!(
+                "no address for the out-of-band exchange of {where_}: {why}"
+            ))
+        })?;
         // Last fallible step: once registered, the watcher holds the device until `Drop`.
         let health = DeviceHealth::watch(Arc::clone(&device), config.return_async_events)?;
         let grh = if port.grh_required {
@@ -294,7 +294,7 @@ impl PortContext {
             format!(" (best available: {})", shortfalls.join("; "))
         };
         let line = format!(
-            "NET/{}: {where_} uses {gid}{gid_says}{pkey}, MTU code {}, out-of-band address {oob_ip}{grh}",
+            "NET/{}: {where_} uses {gid}{gid_says}{pkey}, MTU code {}, out-of-band address {oob}{grh}",
             PLUGIN_NAME, port.active_mtu
         );
         // A range the user named and no GID inside it: likely unreachable from the peers.
@@ -317,7 +317,7 @@ impl PortContext {
             pkey_index: config.pkey_index.unwrap_or(0),
             mtu: port.active_mtu,
             link_layer: port.link_layer,
-            oob_ip,
+            oob_ip: oob.addr,
             mrs: Mutex::new(MrCache::default()),
             relaxed_ordering: AtomicBool::new(relaxed_ordering),
             health,
@@ -410,141 +410,16 @@ fn port_gid(
     Ok((gid, choice.shortfalls, outside_range))
 }
 
-/// Where the out-of-band listener binds: `NCCL_SOCKET_IFNAME`'s address when set (prefix match,
-/// `=` for an exact name, `^` to exclude, as NCCL); else the IPv4 address carried by a RoCE GID;
-/// else an address of the GID's interface; else the first non-loopback IPv4 address.
-pub fn choose_oob_address(
-    interfaces: &[InterfaceAddr],
-    ifname: Option<&str>,
-    gid: &GidEntry,
-) -> std::result::Result<IpAddr, String> {
-    if let Some(spec) = ifname {
-        let (exclude, rest) = spec.strip_prefix('^').map_or((false, spec), |r| (true, r));
-        let (exact, rest) = rest.strip_prefix('=').map_or((false, rest), |r| (true, r));
-        let names: Vec<&str> = rest
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .collect();
-        let listed = |iface: &str| {
-            names.iter().any(|n| {
-                if exact {
-                    iface == *n
-                } else {
-                    iface.starts_with(n)
-                }
-            })
-        };
-        let mut candidates: Vec<&InterfaceAddr> = interfaces
-            .iter()
-            .filter(|i| listed(&i.name) != exclude)
-            .collect();
-        candidates.sort_by_key(|i| !i.addr.is_ipv4());
-        return candidates.first().map(|i| i.addr).ok_or_else(|| {
-            format!("NCCL_SOCKET_IFNAME='{spec}' matches no interface with an address")
-        });
-    }
-    if gid.gid != [0; 16] && gid.ip().is_ipv4() {
-        return Ok(gid.ip());
-    }
-    if let Some(i) = gid
-        .netdev
-        .as_ref()
-        .and_then(|dev| interfaces.iter().find(|i| &i.name == dev))
-    {
-        return Ok(i.addr);
-    }
-    interfaces
-        .iter()
-        .map(|i| i.addr)
-        .find(|a| a.is_ipv4() && !a.is_loopback())
-        .or_else(|| interfaces.iter().map(|i| i.addr).find(IpAddr::is_ipv4))
-        .ok_or_else(|| "no interface has an IPv4 address; set NCCL_SOCKET_IFNAME".to_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn iface(name: &str, addr: &str) -> InterfaceAddr {
-        InterfaceAddr {
-            name: name.into(),
-            addr: addr.parse().unwrap(),
-        }
-    }
-
-    fn gid(ip: &str, netdev: Option<&str>) -> GidEntry {
-        let gid = match ip.parse::<IpAddr>().unwrap() {
-            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-            IpAddr::V6(v6) => v6.octets(),
-        };
-        GidEntry {
-            index: 1,
-            gid,
-            roce_version: Some(2),
-            netdev: netdev.map(Into::into),
-        }
-    }
-
-    #[test]
-    fn roce_ipv4_gid_gives_the_address() {
-        let ifs = [iface("lo", "127.0.0.1"), iface("dummy0", "127.0.1.1")];
-        assert_eq!(
-            choose_oob_address(&ifs, None, &gid("127.0.1.1", Some("dummy0")))
-                .unwrap()
-                .to_string(),
-            "127.0.1.1"
-        );
-    }
-
-    #[test]
-    fn socket_ifname_wins_with_nccl_matching() {
-        let ifs = [
-            iface("eth0", "10.0.0.1"),
-            iface("eth1", "10.0.0.2"),
-            iface("ib0", "192.0.2.1"),
-        ];
-        let g = gid("10.0.0.1", None);
-        assert_eq!(
-            choose_oob_address(&ifs, Some("ib"), &g)
-                .unwrap()
-                .to_string(),
-            "192.0.2.1"
-        );
-        assert_eq!(
-            choose_oob_address(&ifs, Some("^eth"), &g)
-                .unwrap()
-                .to_string(),
-            "192.0.2.1"
-        );
-        assert_eq!(
-            choose_oob_address(&ifs, Some("=eth1"), &g)
-                .unwrap()
-                .to_string(),
-            "10.0.0.2"
-        );
-        let e = choose_oob_address(&ifs, Some("bond"), &g).unwrap_err();
-        assert!(e.contains("NCCL_SOCKET_IFNAME='bond'"), "{e}");
-    }
-
-    #[test]
-    fn ipv6_gid_uses_its_interface_then_any_ipv4() {
-        let ifs = [iface("lo", "127.0.0.1"), iface("eth0", "192.0.2.7")];
-        assert_eq!(
-            choose_oob_address(&ifs, None, &gid("fd00::1", Some("eth0")))
-                .unwrap()
-                .to_string(),
-            "192.0.2.7"
-        );
-        let ib = GidEntry {
-            index: 0,
-            gid: [0; 16],
-            roce_version: None,
-            netdev: None,
-        };
-        assert_eq!(
-            choose_oob_address(&ifs, None, &ib).unwrap().to_string(),
-            "192.0.2.7"
-        );
+/// What besides the interfaces decides the out-of-band address: NCCL's socket variables, with
+/// `NCCL_COMM_ID` resolved as NCCL resolves it (`host:port`, `[v6]:port`; unresolvable: unused).
+pub fn oob_settings(config: &Config) -> OobSettings<'_> {
+    let comm_id = config
+        .comm_id
+        .as_deref()
+        .and_then(|id| id.to_socket_addrs().ok()?.next());
+    OobSettings {
+        ifname: config.socket_ifname.as_deref(),
+        family: config.socket_family,
+        comm_id,
     }
 }

@@ -13,9 +13,13 @@ pub struct InterfaceAddr {
     pub name: String,
     /// Its address.
     pub addr: IpAddr,
+    /// Leading bits of its netmask.
+    pub prefix_len: u8,
+    /// `IFF_RUNNING`: up and with a carrier (NCCL considers only these).
+    pub running: bool,
 }
 
-/// Every IPv4 and IPv6 address of every interface that is up.
+/// Every IPv4 and IPv6 address of every interface that is up, in `getifaddrs` order.
 ///
 /// # Errors
 /// `System` when `getifaddrs` fails.
@@ -57,9 +61,37 @@ pub fn interface_addrs() -> Result<Vec<InterfaceAddr>> {
         let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
             .to_string_lossy()
             .into_owned();
-        out.push(InterfaceAddr { name, addr });
+        // SAFETY: a netmask, when present, is a sockaddr of the address's family.
+        let prefix_len = unsafe { netmask_bits(ifa.ifa_netmask, family) };
+        let running = ifa.ifa_flags & libc::IFF_RUNNING as u32 != 0;
+        out.push(InterfaceAddr {
+            name,
+            addr,
+            prefix_len,
+            running,
+        });
     }
     // SAFETY: the list returned by getifaddrs, freed once.
     unsafe { libc::freeifaddrs(head) };
     Ok(out)
+}
+
+/// The leading one bits of `mask` (NULL: a host route, every bit).
+///
+/// # Safety
+/// `mask` is NULL or points at a sockaddr of `family` (`sockaddr_in` or `sockaddr_in6`).
+unsafe fn netmask_bits(mask: *const libc::sockaddr, family: i32) -> u8 {
+    if mask.is_null() {
+        return if family == libc::AF_INET { 32 } else { 128 };
+    }
+    let ones = if family == libc::AF_INET {
+        // SAFETY: this function's contract.
+        let sin = unsafe { &*mask.cast::<libc::sockaddr_in>() };
+        u32::from_be(sin.sin_addr.s_addr).leading_ones()
+    } else {
+        // SAFETY: this function's contract.
+        let sin6 = unsafe { &*mask.cast::<libc::sockaddr_in6>() };
+        u128::from_be_bytes(sin6.sin6_addr.s6_addr).leading_ones()
+    };
+    u8::try_from(ones).unwrap_or(128)
 }

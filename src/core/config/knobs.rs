@@ -71,7 +71,7 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         name: "NCCL_IB_SL",
-        default: "0",
+        default: "unset",
         meaning: "InfiniBand service level",
     },
     Knob {
@@ -81,7 +81,7 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         name: "NCCL_IB_TC",
-        default: "0",
+        default: "unset",
         meaning: "RoCE traffic class",
     },
     Knob {
@@ -133,6 +133,16 @@ pub const KNOBS: &[Knob] = &[
         name: "NCCL_SOCKET_IFNAME",
         default: "unset",
         meaning: "interface for the out-of-band TCP exchange",
+    },
+    Knob {
+        name: "NCCL_SOCKET_FAMILY",
+        default: "unset",
+        meaning: "AF_INET or AF_INET6: the out-of-band address's family where NCCL's rule picks it",
+    },
+    Knob {
+        name: "NCCL_COMM_ID",
+        default: "unset",
+        meaning: "NCCL's bootstrap root; its subnet steers the out-of-band interface",
     },
     Knob {
         name: "NCCL_DEBUG",

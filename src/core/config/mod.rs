@@ -123,6 +123,11 @@ impl fmt::Display for AddrRange {
 }
 
 impl AddrFamily {
+    /// Whether `ip` is of this family.
+    pub fn matches(self, ip: &IpAddr) -> bool {
+        ip.is_ipv4() == (self == Self::V4)
+    }
+
     /// NCCL's spelling: `AF_INET` or `AF_INET6`.
     pub fn name(self) -> &'static str {
         match self {
@@ -173,6 +178,11 @@ pub struct Config {
     pub ar_threshold: u64,
     /// Interface for the out-of-band exchange.
     pub socket_ifname: Option<String>,
+    /// `NCCL_SOCKET_FAMILY`: the out-of-band address's family, when NCCL's rule chooses it
+    /// (`AF_INET`, `AF_INET6`; any other value forces nothing, as in NCCL).
+    pub socket_family: Option<AddrFamily>,
+    /// `NCCL_COMM_ID` (`host:port`): NCCL's rule prefers the interface in its subnet.
+    pub comm_id: Option<String>,
     /// Deadline for connect/accept.
     pub connect_timeout: Duration,
     /// Fuse ports and functions of one NIC (`NCCL_IB_MERGE_NICS`).
@@ -228,6 +238,8 @@ impl Default for Config {
             adaptive_routing: None,
             ar_threshold: 8192,
             socket_ifname: None,
+            socket_family: None,
+            comm_id: None,
             connect_timeout: Duration::from_secs(120),
             merge_nics: true,
             merge_vfs: false,
@@ -425,6 +437,14 @@ impl Config {
                     c.return_async_events = number(name, value, 0, 1)? == 1;
                 }
                 "NCCL_SOCKET_IFNAME" => c.socket_ifname = Some(value.to_owned()),
+                "NCCL_SOCKET_FAMILY" => {
+                    c.socket_family = match value {
+                        "AF_INET" => Some(AddrFamily::V4),
+                        "AF_INET6" => Some(AddrFamily::V6),
+                        _ => None,
+                    }
+                }
+                "NCCL_COMM_ID" => c.comm_id = Some(value.to_owned()),
                 "NCCL_NET_RS_EAGER_BYTES" => {
                     c.eager_bytes = narrow(number(name, value, 0, MAX_EAGER_BYTES as i64)?);
                 }
