@@ -1,8 +1,9 @@
 //! Repository rules that no compiler checks: the documentation is true of the code (every
 //! variable the code reads is documented with its default, and nothing documented is unread;
 //! every relative link and anchor resolves; the README stays short; the version users cite is
-//! the changelog's newest; user pages carry no development history), CI runs the README's test
-//! command, and the no-I/O layers stay free of verbs, CUDA and the environment.
+//! the changelog's newest; user pages carry no development history; every line a page quotes
+//! is the code's words, and every finding id is documented and real), CI runs the README's
+//! test command, and the no-I/O layers stay free of verbs, CUDA and the environment.
 #![allow(clippy::unwrap_used)] // test helpers panic with context
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -373,6 +374,333 @@ fn core_and_topology_do_no_verbs_cuda_or_environment_access() {
                 0,
                 "{} uses `{forbidden}`: that belongs in verbs/, gpu or plugin.rs",
                 path.display()
+            );
+        }
+    }
+}
+
+/// Every string literal in `src/`, escapes and line continuations resolved, whitespace runs as
+/// one space, backticks dropped (a page's code span cannot hold them), each `{...}` placeholder
+/// as a NUL (which no quoted phrase holds), one literal per line.
+fn source_literals() -> String {
+    let mut out = String::new();
+    for file in files("src", ".rs") {
+        let text = read(&file);
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                // Comments quote freely: skip them.
+                '/' if chars.peek() == Some(&'/') => {
+                    for c in chars.by_ref() {
+                        if c == '\n' {
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                // A char literal ('"', '\'') or a lifetime ('a).
+                '\'' => {
+                    let mut ahead = chars.clone();
+                    match (ahead.next(), ahead.next()) {
+                        (Some('\\'), _) => {
+                            chars.next();
+                            chars.next();
+                            chars.next();
+                        }
+                        (Some(_), Some('\'')) => {
+                            chars.next();
+                            chars.next();
+                        }
+                        _ => {}
+                    }
+                    continue;
+                }
+                '"' => {}
+                _ => continue,
+            }
+            let mut raw = String::new();
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => break,
+                    '\\' => match chars.next() {
+                        // A continuation: the newline and the next line's indentation go.
+                        Some('\n') => {
+                            while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                                chars.next();
+                            }
+                        }
+                        Some('n' | 't') => raw.push(' '),
+                        Some(other) => raw.push(other),
+                        None => {}
+                    },
+                    _ => raw.push(c),
+                }
+            }
+            out.push_str(&normalized(&raw));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn normalized(raw: &str) -> String {
+    let mut out = String::new();
+    let mut in_placeholder = false;
+    for c in raw.chars().filter(|&c| c != '`') {
+        match c {
+            '{' if !in_placeholder => {
+                in_placeholder = true;
+                out.push('\0');
+            }
+            '}' if in_placeholder => in_placeholder = false,
+            _ if in_placeholder => {}
+            c if c.is_whitespace() => {
+                if !out.ends_with(' ') {
+                    out.push(' ');
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Whether `phrase` is part of what `literal` can print, its NULs (placeholders) taking any
+/// text: the phrase matches from some position of the literal to a later one, with at least 8
+/// of its characters, and a third, matched by the literal's own.
+fn printable_by(literal: &[char], phrase: &str) -> bool {
+    let n = literal.len();
+    // Per position of the literal reachable after the phrase read so far (any start): the
+    // most characters matched literally on the way there.
+    let mut states: Vec<Option<usize>> = vec![Some(0); n + 1];
+    for c in phrase.chars() {
+        for j in 0..n {
+            if let (Some(k), '\0') = (states[j], literal[j]) {
+                states[j + 1] = states[j + 1].max(Some(k));
+            }
+        }
+        let mut next = vec![None; n + 1];
+        for j in 0..n {
+            let Some(k) = states[j] else { continue };
+            if literal[j] == '\0' {
+                next[j] = next[j].max(Some(k));
+            } else if literal[j] == c {
+                next[j + 1] = next[j + 1].max(Some(k + 1));
+            }
+        }
+        states = next;
+        if states.iter().all(Option::is_none) {
+            return false;
+        }
+    }
+    let matched = states.into_iter().flatten().max().unwrap_or(0);
+    matched >= 8 && 3 * matched >= phrase.chars().count()
+}
+
+/// The phrases of a quoted part that must be the code's own words: runs of three or more
+/// words between punctuation (`:`, `;`, brackets, commas) and between words that vary from run
+/// to run: those with a digit (a count, an address, a device name) and a page's own
+/// placeholders in capitals (`ADDR`, `X`).
+fn phrases(part: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for clause in part.split([':', ';', '(', ')', '[', ']', ',']) {
+        let mut run: Vec<&str> = Vec::new();
+        for word in clause.split_whitespace().chain(std::iter::once("0")) {
+            let placeholder = word.len() <= 8
+                && word.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+                && !word.starts_with("NCCL");
+            if placeholder || word.chars().any(|c| c.is_ascii_digit()) {
+                if run.len() >= 3 {
+                    out.push(run.join(" "));
+                }
+                run.clear();
+            } else {
+                run.push(word);
+            }
+        }
+    }
+    out
+}
+
+/// The code spans of `markdown` (single backticks), whitespace runs as one space.
+fn code_spans(markdown: &str) -> Vec<String> {
+    let mut spans = Vec::new();
+    let mut in_fence = false;
+    let mut text = String::new();
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+            continue;
+        }
+        if !in_fence {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    for (i, span) in text.split('`').enumerate() {
+        if i % 2 == 1 {
+            spans.push(span.split_whitespace().collect::<Vec<_>>().join(" "));
+        }
+    }
+    spans
+}
+
+/// The parts of a quoted line the page wrote itself: split at its own elisions (`...`, `<x>`).
+fn quoted_parts(span: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut part = String::new();
+    let mut chars = span.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '<' {
+            for d in chars.by_ref() {
+                if d == '>' {
+                    break;
+                }
+            }
+            parts.push(std::mem::take(&mut part));
+        } else if c == '.' && span[span.len() - chars.clone().count() - 1..].starts_with("...") {
+            chars.next();
+            chars.next();
+            parts.push(std::mem::take(&mut part));
+        } else if c == '…' {
+            parts.push(std::mem::take(&mut part));
+        } else {
+            part.push(c);
+        }
+    }
+    parts.push(part);
+    parts
+        .into_iter()
+        .map(|p| p.trim().to_owned())
+        .filter(|p| p.split_whitespace().count() >= 3)
+        .collect()
+}
+
+/// Whether a code span quotes something other than the plugin's or the doctor's words: a
+/// command line, code, a package relation, or a line NCCL, libibverbs or the C library prints.
+fn quotes_someone_else(span: &str) -> bool {
+    const NOT_OURS: &[&str] = &[
+        // NCCL's own log lines.
+        "NET/Plugin:",
+        "Using network",
+        "# ",
+        // The format of a finding line, described.
+        "SEVERITY ",
+        // Code and package metadata.
+        "fn ",
+        "test = ",
+        "libc6 ",
+        "libibverbs1 ",
+        "dlopen(",
+    ];
+    let first = span.split_whitespace().next().unwrap_or("");
+    NOT_OURS.iter().any(|p| span.starts_with(p))
+        || span.contains(" --")
+        || span.contains(" | ")
+        || span.contains("\\|")
+        || span.contains(" × ")
+        || span.contains(" mod ")
+        || first.contains('/') && !first.starts_with("NET/")
+        || first.contains('=')
+        || ["cargo", "kubectl", "dpkg", "rdma", "ip", "nccl-net-bench", "nccl-net-doctor"]
+            .contains(&first)
+}
+
+/// Words in the plugin's lines that other software wrote: libibverbs' status strings, the C
+/// library's error strings, NCCL's own log lines around them.
+const OTHERS_WORDS: &[&str] = &[
+    "transport retry counter exceeded",
+    "Cannot allocate memory",
+    "Function not implemented",
+    "connection timed out",
+    "Loaded net plugin RsIB",
+    "NCCL WARN init failed",
+];
+
+/// A finding line as the doctor prints it (`WARN mtu rxe1: what`): the line's own words are
+/// what follows the entity.
+fn finding_text(span: &str) -> &str {
+    const SEVERITIES: [&str; 6] = ["FAIL ", "WARN ", "UNKNOWN ", "SKIP ", "INFO ", "PASS "];
+    match span.split_once(": ") {
+        Some((_, what)) if SEVERITIES.iter().any(|s| span.starts_with(s)) => what,
+        _ => span,
+    }
+}
+
+#[test]
+fn every_line_the_pages_quote_is_one_the_code_prints() {
+    let literals: Vec<Vec<char>> = source_literals()
+        .lines()
+        .map(|l| l.chars().collect())
+        .collect();
+    let mut unknown = Vec::new();
+    for page in current_state_pages() {
+        for span in code_spans(&read(&page)) {
+            if quotes_someone_else(&span) {
+                continue;
+            }
+            for phrase in quoted_parts(finding_text(&span))
+                .iter()
+                .flat_map(|p| phrases(p))
+                .filter(|p| !OTHERS_WORDS.contains(&p.as_str()))
+            {
+                let first: Vec<char> = phrase.split(' ').next().unwrap_or("").chars().collect();
+                let found = literals.iter().any(|l| {
+                    l.windows(first.len()).any(|w| w == first.as_slice())
+                        && printable_by(l, &phrase)
+                }) || literals.iter().any(|l| printable_by(l, &phrase));
+                if !found {
+                    unknown.push(format!("{}: `{phrase}` (in `{span}`)", page.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "{} phrase(s) of quoted lines that no string in src/ holds (reword the page to the \
+         code's words):\n{}",
+        unknown.len(),
+        unknown.join("\n")
+    );
+}
+
+/// Whether `s` has the shape of a finding's check id (`pair.devices`, `gdr.peermem`) with one of
+/// the doctor's check prefixes.
+fn check_id_shape(s: &str, prefixes: &BTreeSet<&str>) -> bool {
+    s.split_once('.').is_some_and(|(prefix, rest)| {
+        prefixes.contains(prefix)
+            && !rest.is_empty()
+            && rest.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c == '.')
+    })
+}
+
+/// Every finding id the doctor emits is named on its page, and every id a page names is one
+/// the code emits (`pair.devices` was emitted and named nowhere).
+#[test]
+fn every_finding_id_is_documented_and_every_documented_id_exists() {
+    let mut prefixes: BTreeSet<&str> = nccl_net::doctor::CHECKS
+        .iter()
+        .filter_map(|(id, _)| id.split_once('.').map(|(p, _)| p))
+        .collect();
+    prefixes.insert("pair");
+    let emitted: BTreeSet<String> = source_literals()
+        .lines()
+        .filter(|l| check_id_shape(l, &prefixes))
+        .map(str::to_owned)
+        .chain(nccl_net::doctor::CHECKS.iter().map(|(id, _)| (*id).to_owned()))
+        .collect();
+    let doctor_page: BTreeSet<String> = code_spans(&read("docs/doctor.md")).into_iter().collect();
+    let undocumented: Vec<_> = emitted.iter().filter(|id| !doctor_page.contains(*id)).collect();
+    assert!(
+        undocumented.is_empty(),
+        "docs/doctor.md names no finding {undocumented:?}: add a row"
+    );
+    for page in current_state_pages() {
+        for span in code_spans(&read(&page)) {
+            assert!(
+                !check_id_shape(&span, &prefixes) || emitted.contains(&span),
+                "{}: `{span}` is no finding the doctor emits",
+                page.display()
             );
         }
     }
