@@ -25,8 +25,10 @@ done
 packages=()
 if [ "$want_build" = 1 ]; then
   # rdma-sys runs bindgen (libclang) over the installed verbs headers and probes both
-  # libibverbs and librdmacm with pkg-config; gcc and binutils build and inspect the C hosts.
-  packages+=(libibverbs-dev librdmacm-dev ibverbs-providers clang libclang-dev pkg-config gcc binutils)
+  # libibverbs and librdmacm with pkg-config; gcc and binutils build and inspect the C hosts;
+  # dpkg-dev's dpkg-shlibdeps derives the packages' dependencies.
+  packages+=(libibverbs-dev librdmacm-dev ibverbs-providers clang libclang-dev pkg-config gcc binutils
+    dpkg-dev)
 fi
 if [ "$want_vm" = 1 ]; then
   packages+=(qemu-system-x86 busybox-static linux-image-amd64 rdma-core ibverbs-utils ibverbs-providers
@@ -63,7 +65,7 @@ need() { # need PROGRAM [PATH-PREFIX]: PROGRAM must be on PATH (or in PATH-PREFI
   command -v "$1" >/dev/null 2>&1 || [ -x "${2:-/nonexistent}/$1" ] || problems+=("program '$1' is missing")
 }
 if [ "$want_build" = 1 ]; then
-  for prog in cc gcc clang pkg-config nm readelf; do need "$prog"; done
+  for prog in cc gcc clang pkg-config nm readelf dpkg-shlibdeps dpkg-deb; do need "$prog"; done
   need ldconfig /sbin # libc-bin; outside root's PATH on Debian
   pkg-config --exists libibverbs librdmacm 2>/dev/null ||
     problems+=("pkg-config finds no libibverbs/librdmacm (libibverbs-dev, librdmacm-dev)")

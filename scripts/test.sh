@@ -3,8 +3,9 @@
 #   1. installs what it needs (scripts/deps.sh, idempotent),
 #   2. checks formatting and lints (cargo fmt, cargo clippy -D warnings),
 #   3. runs `cargo test` on the host, then the GPU tests (which say "skipped: no GPU" without one),
-#   4. checks scripts/install.sh and the installed files, then builds the Debian package
-#      (scripts/package.sh), installs it with dpkg, checks what NCCL and the doctor see, removes it,
+#   4. checks scripts/install.sh and the installed files, then builds the Debian packages
+#      (scripts/package.sh), installs them with dpkg, checks what NCCL and the doctor see (the
+#      default name only from nccl-net-rsib-default), removes them,
 #   5. runs the RDMA suites inside the Soft-RoCE VM (scripts/rdma-vm.sh); they fail without it.
 # The last line is the summary over every suite: "summary: N passed, M failed, K skipped", where
 # skipped counts the GPU tests that printed "<name>: skipped: <why>" (they pass in libtest's eyes).
@@ -62,41 +63,59 @@ ldconfig_caches_both() {
   done
 }
 
-# The Debian package, installed for real: the loader must find both names through the package's
-# ld.so.conf.d entry, and the doctor on PATH must see NCCL open this plugin for NCCL_NET_PLUGIN=rsib
-# (plugin.load PASS; no RDMA device is needed for that). Removed afterwards, pass or fail.
+# The Debian packages, installed for real. nccl-net-rsib alone must change nothing for a job that
+# does not ask: the loader finds libnccl-net-rsib.so (the doctor on PATH sees NCCL open it for
+# NCCL_NET_PLUGIN=rsib) and no libnccl-net.so of ours; nccl-net-rsib-default adds libnccl-net.so
+# (NCCL's default name). Dependencies come from dpkg-shlibdeps. Removed afterwards, pass or fail.
 check_package() {
-  local deb rc=0
-  deb="$(scripts/package.sh)" || return 1
-  dpkg -r nccl-net-rsib >/dev/null 2>&1 # left over from an interrupted run
-  dpkg -i "$deb" || return 1
-  package_serves_nccl || rc=1
+  local debs rc=0
+  mapfile -t debs < <(scripts/package.sh) && [ "${#debs[@]}" -eq 2 ] || return 1
+  dpkg -r nccl-net-rsib-default nccl-net-rsib >/dev/null 2>&1 # left over from an interrupted run
+  dpkg-deb -f "${debs[0]}" Depends | grep -q 'libc6 (>= 2\.[0-9]*).*libibverbs1 (>= [0-9]' ||
+    { echo "the package's Depends are not dpkg-shlibdeps': $(dpkg-deb -f "${debs[0]}" Depends)"; return 1; }
+  dpkg -i "${debs[0]}" || return 1
+  package_serves_nccl libnccl-net-rsib.so rsib && package_leaves_the_default_alone || rc=1
+  if dpkg -i "${debs[1]}"; then
+    package_serves_nccl libnccl-net.so "" || rc=1
+    dpkg -r nccl-net-rsib-default || rc=1
+    package_leaves_the_default_alone || rc=1
+  else
+    rc=1
+  fi
   dpkg -r nccl-net-rsib || rc=1
   package_is_gone || rc=1
-  [ "$rc" -eq 0 ] && echo "package check: $(basename "$deb") installed with dpkg -i, the loader" \
-    "found libnccl-net.so and libnccl-net-rsib.so, nccl-net-doctor saw NCCL open RsIB, removed cleanly"
+  [ "$rc" -eq 0 ] && echo "package check: $(basename "${debs[0]}") installed with dpkg -i: the loader" \
+    "found libnccl-net-rsib.so, nccl-net-doctor saw NCCL open RsIB for NCCL_NET_PLUGIN=rsib, and" \
+    "libnccl-net.so came only with $(basename "${debs[1]}"); Depends from dpkg-shlibdeps; removed cleanly"
   return "$rc"
 }
 
+# package_serves_nccl NAME PLUGIN: the loader's cache has NAME from the package, and the doctor on
+# PATH sees NCCL open it with NCCL_NET_PLUGIN=PLUGIN (unset when empty).
 package_serves_nccl() {
-  local cache doctor line
+  local name="$1" plugin="$2" cache doctor line
   cache="$(/sbin/ldconfig -p)"
-  for name in libnccl-net.so libnccl-net-rsib.so; do
-    grep -q "^[[:space:]]*$name (.*/nccl-net-rsib/$name\$" <<<"$cache" ||
-      { echo "the loader's cache has no $name from the package"; return 1; }
-  done
+  grep -q "^[[:space:]]*$name (.*/nccl-net-rsib/\(default/\)\?$name\$" <<<"$cache" ||
+    { echo "the loader's cache has no $name from the package"; return 1; }
   doctor="$(command -v nccl-net-doctor)"
   [ "$doctor" = /usr/bin/nccl-net-doctor ] || { echo "nccl-net-doctor on PATH is '$doctor'"; return 1; }
-  line="$(env -u LD_LIBRARY_PATH HOME=/nonexistent NCCL_NET_PLUGIN=rsib nccl-net-doctor --color never |
-    grep -E '^[A-Z]+ +plugin\.load ')"
+  line="$(env -u LD_LIBRARY_PATH -u NCCL_NET_PLUGIN HOME=/nonexistent ${plugin:+NCCL_NET_PLUGIN=$plugin} \
+    nccl-net-doctor --color never | grep -E '^[A-Z]+ +plugin\.load ')"
   echo "$line"
-  grep -q '^PASS .*NCCL opens libnccl-net-rsib.so = /usr/lib/.*/nccl-net-rsib/libnccl-net-rsib.so (RsIB, ncclNet v12' \
-    <<<"$line" || { echo "plugin.load does not pass for the package's library"; return 1; }
+  grep -q "^PASS .*NCCL opens $name = /usr/lib/.*/nccl-net-rsib/.*$name (RsIB, ncclNet v12" \
+    <<<"$line" || { echo "plugin.load does not pass for the package's $name"; return 1; }
+}
+
+# Without nccl-net-rsib-default, no libnccl-net.so of ours: a job that sets no NCCL_NET_PLUGIN
+# does not load this plugin.
+package_leaves_the_default_alone() {
+  ! /sbin/ldconfig -p | grep -q 'libnccl-net.so (.*nccl-net-rsib/' ||
+    { echo "libnccl-net.so of nccl-net-rsib is in the loader's cache without nccl-net-rsib-default"; return 1; }
 }
 
 package_is_gone() {
   ! /sbin/ldconfig -p | grep -q 'nccl-net-rsib/' && [ ! -e /usr/bin/nccl-net-doctor ] &&
-    [ ! -e /etc/ld.so.conf.d/nccl-net-rsib.conf ] ||
+    [ ! -e /etc/ld.so.conf.d/nccl-net-rsib.conf ] && [ ! -e /etc/ld.so.conf.d/nccl-net-rsib-default.conf ] ||
     { echo "dpkg -r left files or cache entries of nccl-net-rsib behind"; return 1; }
 }
 
