@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # This build against an older build of the plugin, as during a rolling upgrade: builds COMMIT's
 # library (a worktree under target/interop/), then, in the Soft-RoCE VM, runs nccl-net-bench
-# with one build in each process, each build once as the sender, bytes verified, and shows what
-# each side's log says about the eager path (negotiated off when either side lacks it).
+# with one build in each process, each build once as the sender, bytes verified, with quiet
+# receives off and on (NCCL_NET_RS_QUIET=1 on both sides), and shows what each side's log says
+# about the eager path and quiet receives (negotiated off when either side lacks them) and port
+# failover (a side that finds the peer not taking part says so). Run it against the previous
+# release before each release, and state the result in the CHANGELOG entry.
 #
 #   cargo build --release --bin nccl-net-bench && scripts/build-plugin.sh
-#   scripts/interop.sh 559dbf1          # the last commit before the eager path
+#   scripts/interop.sh 0e83c39          # 0.3.4
 #
 # Needs the repository's history (a shallow clone lacks older commits), so CI does not run it.
 set -euo pipefail
@@ -36,27 +39,32 @@ status=0
 declare -A build=([new]="$new" [old]="$old")
 
 # One run: the build named $1 sends (rank 0), the one named $2 receives; then extra arguments.
+# With QUIET=1 in the environment, both sides offer quiet receives.
 pair() {
-  local sender=$1 receiver=$2 name="$1-sends${3:+ $3}"
+  local sender=$1 receiver=$2 name="$1-sends${3:+ $3}${QUIET:+ quiet}"
   shift 2
   port=$((port + 1))
-  NCCL_DEBUG=TRACE NCCL_NET_RS_LOG=nccl_net=debug "$bench" --plugin "${build[$sender]}" --role server \
+  local vars=(NCCL_DEBUG=TRACE NCCL_NET_RS_LOG=nccl_net=debug NCCL_NET_RS_QUIET="${QUIET:-0}")
+  env "${vars[@]}" "$bench" --plugin "${build[$sender]}" --role server \
     --rendezvous "127.0.0.1:$port" "${common[@]}" "$@" >"$logs/sender" 2>&1 &
   local server=$!
-  NCCL_DEBUG=TRACE NCCL_NET_RS_LOG=nccl_net=debug "$bench" --plugin "${build[$receiver]}" --role client \
+  env "${vars[@]}" "$bench" --plugin "${build[$receiver]}" --role client \
     --rendezvous "127.0.0.1:$port" "${common[@]}" "$@" >"$logs/receiver" 2>&1 ||
     { echo "receiver ($receiver) failed:"; tail -5 "$logs/receiver"; status=1; }
   wait "$server" || { echo "sender ($sender) failed:"; tail -5 "$logs/sender"; status=1; }
   echo "== $name: $sender build sends to the $receiver build"
   grep -hE "^ +[0-9]+ " "$logs/sender" || true
-  grep -hoE "no eager messages|eager messages up to [0-9]+ bytes(, (no )?quiet receives)?" \
+  grep -hoE "no eager messages|eager messages up to [0-9]+ bytes(, (no )?quiet receives)?|no port failover on the connection" \
     "$logs/sender" "$logs/receiver" |
     sort | uniq -c || true
 }
 
-pair new old
-pair old new
-pair new old --recv-late
-pair old new --recv-late
+for QUIET in 0 1; do
+  [ "$QUIET" = 1 ] || QUIET=
+  pair new old
+  pair old new
+  pair new old --recv-late
+  pair old new --recv-late
+done
 echo "interop: $([ "$status" = 0 ] && echo passed || echo FAILED)"
 exit "$status"

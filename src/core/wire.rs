@@ -245,6 +245,10 @@ pub struct Hello {
     /// out-of-band connection carries failover frames. Carried in `FAILOVER_AT`, a byte older
     /// builds leave zero and ignore.
     pub failover: bool,
+    /// Capability, with `failover`: this side repairs connections with quiet receives too
+    /// (0.3.5 on; bit 1 of `FAILOVER_AT`). 0.3.2 to 0.3.4 leave it zero (and ignore ours): they
+    /// give quiet connections no failover, so both sides decide from it alike.
+    pub failover_quiet: bool,
 }
 
 /// Where the quiet-receives capability lies: byte 6 of the first member record (unused there).
@@ -288,7 +292,7 @@ impl Hello {
             m.emit(&mut out[at..at + Endpoint::LEN]);
         }
         out[QUIET_AT] = u8::from(self.quiet);
-        out[FAILOVER_AT] = u8::from(self.failover);
+        out[FAILOVER_AT] = u8::from(self.failover) | u8::from(self.failover_quiet) << 1;
         out
     }
 
@@ -355,6 +359,7 @@ impl Hello {
             revision,
             quiet: b[QUIET_AT] & 1 != 0,
             failover: b[FAILOVER_AT] & 1 != 0,
+            failover_quiet: b[FAILOVER_AT] & 2 != 0,
         })
     }
 
@@ -544,6 +549,7 @@ mod tests {
             revision: DATA_PATH_REVISION,
             quiet: true,
             failover: true,
+            failover_quiet: true,
         }
     }
 
@@ -583,9 +589,21 @@ mod tests {
     fn a_hello_without_the_failover_capability_is_an_older_peer() {
         let mut h = hello(Role::Accept, 0x100);
         let mut b = h.emit();
-        assert_eq!(b[FAILOVER_AT], 1);
+        assert_eq!(b[FAILOVER_AT], 3);
         b[FAILOVER_AT] = 0;
         h.failover = false;
+        h.failover_quiet = false;
+        assert_eq!(Hello::parse(&b).unwrap(), h);
+    }
+
+    /// 0.3.2 to 0.3.4 offer failover without the quiet bit (and read only bit 0 of ours): their
+    /// hello parses as one that gives quiet connections no failover.
+    #[test]
+    fn a_hello_with_failover_but_not_for_quiet_receives_is_a_0_3_4_peer() {
+        let mut h = hello(Role::Connect, 0x100);
+        let mut b = h.emit();
+        b[FAILOVER_AT] = 1;
+        h.failover_quiet = false;
         assert_eq!(Hello::parse(&b).unwrap(), h);
     }
 

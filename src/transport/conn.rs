@@ -467,14 +467,18 @@ pub(super) fn local_hello(
         revision: DATA_PATH_REVISION,
         quiet: ctx.config.quiet,
         failover: ctx.config.port_failover,
+        failover_quiet: ctx.config.port_failover,
     }
 }
 
-/// Whether a connection repairs its lanes when a port or path fails: when both sides offer it.
-/// A single-port connection then waits for its port to come back (up to the retry budget), and
-/// its eager path's messages, answers and credits are written again like the rest.
-pub(super) fn failover_agreed(config: &Config, peer: &Hello) -> bool {
-    config.port_failover && peer.failover
+/// Whether a connection repairs its lanes when a port or path fails, decided from what both
+/// hellos say (so both sides decide alike, whatever their versions): when both offer it, and,
+/// for a connection with quiet receives (`quiet`, agreed from both hellos), both offer it for
+/// those too (0.3.2 to 0.3.4 do not). A single-port connection then waits for its port to come
+/// back (up to the retry budget), and its eager path's messages, answers and credits are
+/// written again like the rest.
+pub(super) fn failover_agreed(local: &Hello, peer: &Hello, quiet: bool) -> bool {
+    local.failover && peer.failover && (!quiet || (local.failover_quiet && peer.failover_quiet))
 }
 
 fn describe_gid(gid: &[u8; 16], index: u32, version: u8) -> String {

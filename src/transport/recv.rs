@@ -247,7 +247,7 @@ impl RecvComm {
             layout.nqps,
             describe_eager(eager_bytes, layout.quiet)
         );
-        let failover = failover_agreed(&ctx.config, remote)
+        let failover = failover_agreed(&hello, remote, layout.quiet)
             .then(|| Box::new(Failover::lead(ctx, layout, remote.members.clone())));
         log_failover(ctx, failover.is_some(), &remote_desc);
         let comm = Self {

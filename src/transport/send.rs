@@ -265,7 +265,7 @@ impl Connecting {
                 "adaptive routing: data writes over {t} bytes split"
             ))
         );
-        let failover = failover_agreed(config, remote)
+        let failover = failover_agreed(&pending.hello, remote, layout.quiet)
             .then(|| Box::new(Failover::follow(&self.ctx, layout, remote.members.clone())));
         log_failover(&self.ctx, failover.is_some(), &remote_desc);
         Ok(SendComm {
