@@ -305,7 +305,7 @@ fn as_the_jobs_user_unknown_passes_the_gate_unless_strict() {
     let as_user = |limit: &str, args: &[&str]| {
         let script = format!(
             "ulimit -l {limit} && exec setpriv --reuid=65534 --regid=65534 --clear-groups \
-             --bounding-set -ipc_lock \"$0\" \"$@\""
+             \"$0\" \"$@\""
         );
         doctor_with(&["bash", "-c", &script], args, &[])
     };

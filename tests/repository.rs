@@ -602,8 +602,16 @@ fn quotes_someone_else(span: &str) -> bool {
         || span.contains(" mod ")
         || first.contains('/') && !first.starts_with("NET/")
         || first.contains('=')
-        || ["cargo", "kubectl", "dpkg", "rdma", "ip", "nccl-net-bench", "nccl-net-doctor"]
-            .contains(&first)
+        || [
+            "cargo",
+            "kubectl",
+            "dpkg",
+            "rdma",
+            "ip",
+            "nccl-net-bench",
+            "nccl-net-doctor",
+        ]
+        .contains(&first)
 }
 
 /// Words in the plugin's lines that other software wrote: libibverbs' status strings, the C
@@ -670,7 +678,9 @@ fn check_id_shape(s: &str, prefixes: &BTreeSet<&str>) -> bool {
     s.split_once('.').is_some_and(|(prefix, rest)| {
         prefixes.contains(prefix)
             && !rest.is_empty()
-            && rest.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c == '.')
+            && rest
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.')
     })
 }
 
@@ -687,10 +697,17 @@ fn every_finding_id_is_documented_and_every_documented_id_exists() {
         .lines()
         .filter(|l| check_id_shape(l, &prefixes))
         .map(str::to_owned)
-        .chain(nccl_net::doctor::CHECKS.iter().map(|(id, _)| (*id).to_owned()))
+        .chain(
+            nccl_net::doctor::CHECKS
+                .iter()
+                .map(|(id, _)| (*id).to_owned()),
+        )
         .collect();
     let doctor_page: BTreeSet<String> = code_spans(&read("docs/doctor.md")).into_iter().collect();
-    let undocumented: Vec<_> = emitted.iter().filter(|id| !doctor_page.contains(*id)).collect();
+    let undocumented: Vec<_> = emitted
+        .iter()
+        .filter(|id| !doctor_page.contains(*id))
+        .collect();
     assert!(
         undocumented.is_empty(),
         "docs/doctor.md names no finding {undocumented:?}: add a row"

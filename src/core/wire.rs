@@ -246,8 +246,10 @@ pub struct Hello {
     /// builds leave zero and ignore.
     pub failover: bool,
     /// Capability, with `failover`: this side repairs connections with quiet receives too
-    /// (0.3.5 on; bit 1 of `FAILOVER_AT`). 0.3.2 to 0.3.4 leave it zero (and ignore ours): they
-    /// give quiet connections no failover, so both sides decide from it alike.
+    /// (0.3.6 on; bit 1 of `FAILOVER_AT`). 0.3.2 to 0.3.4 leave it zero (and ignore ours): they
+    /// give quiet connections no failover, so both sides decide from it alike. 0.3.5 leaves it
+    /// zero too but ran failover on them: with quiet receives it disagrees with every other
+    /// version (see the CHANGELOG).
     pub failover_quiet: bool,
 }
 
