@@ -135,6 +135,7 @@ proptest! {
             revision: DATA_PATH_REVISION,
             quiet: split,
             failover: !split,
+            failover_quiet: accept,
         };
         prop_assert_eq!(Hello::parse(&h.emit()).unwrap(), h);
     }
