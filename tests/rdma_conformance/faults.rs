@@ -100,6 +100,7 @@ fn intrude(kind: Intruder, addr: SocketAddr) -> Option<TcpStream> {
                 revision: DATA_PATH_REVISION,
                 quiet: false,
                 failover: false,
+                failover_quiet: false,
             };
             s.write_all(&hello.emit()).unwrap();
             Some(s)
