@@ -754,6 +754,47 @@ pub(super) fn completion_error(
 mod tests {
     use super::*;
 
+    fn offer(failover: bool, failover_quiet: bool) -> Hello {
+        Hello {
+            role: Role::Connect,
+            listen_nonce: 1,
+            connect_nonce: 2,
+            qpns: vec![0x11],
+            members: Vec::new(),
+            ring_addr: 0,
+            traffic_class: 0,
+            service_level: 0,
+            split_data: false,
+            eager_bytes: 4096,
+            revision: DATA_PATH_REVISION,
+            quiet: true,
+            failover,
+            failover_quiet,
+        }
+    }
+
+    /// Both sides decide from both hellos, so any two versions agree: a 0.3.4 peer (failover
+    /// offered, not for quiet receives) gets none on a quiet connection from either side.
+    #[test]
+    fn failover_is_agreed_from_both_hellos_alike() {
+        let this = offer(true, true);
+        let v034 = offer(true, false);
+        let off = offer(false, false);
+        for quiet in [false, true] {
+            for (a, b) in [(&this, &v034), (&this, &off), (&this, &this), (&v034, &off)] {
+                assert_eq!(
+                    failover_agreed(a, b, quiet),
+                    failover_agreed(b, a, quiet),
+                    "both sides of {a:?} and {b:?} (quiet {quiet}) decide alike"
+                );
+            }
+        }
+        assert!(failover_agreed(&this, &this, true));
+        assert!(failover_agreed(&this, &v034, false));
+        assert!(!failover_agreed(&this, &v034, true));
+        assert!(!failover_agreed(&this, &off, false));
+    }
+
     /// NCCL's `ncclIbIsend`/`ncclIbIrecv` never poll a CQ: a failed completion fails `test`
     /// only; any other failure fails every call, and replaces a completion's.
     #[test]
