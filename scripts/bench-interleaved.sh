@@ -17,7 +17,7 @@
 #   --plugin   the plugin to measure (default: target/plugin/libnccl_net.so, as it ships)
 #   --against  the other plugin (any ncclNet v8..v12)
 #   --preload  LD_PRELOAD for every run (a .so, or a .c compiled here): both plugins share the
-#              processes, e.g. ../shared/reference-plugin/realpath_rxe.c for the reference on rxe
+#              processes, e.g. scripts/rxe-realpath.c for the reference on rxe
 #   --runs     benchmark runs, positions swapped each time (default 4)
 #   --dev      RDMA device (default rxe0), the plugin device with that name in both plugins
 #   --min      smallest message (default 8)

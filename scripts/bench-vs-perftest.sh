@@ -13,7 +13,7 @@
 #              target/plugin/libnccl_net.so from scripts/build-plugin.sh)
 #   --against  a second plugin, measured the same way in the same run (any ncclNet v8..v12)
 #   --preload  LD_PRELOAD for the --against plugin's runs only (a .so, or a .c compiled here),
-#              e.g. ../shared/reference-plugin/realpath_rxe.c for the reference plugin on rxe
+#              e.g. scripts/rxe-realpath.c for the reference plugin on rxe
 #   --runs     rounds of perftest, the plugin and the other plugin in turn (default 3 with
 #              --against, else 1); medians
 #   --dev      RDMA device (default rxe0); the plugin device with that name is used

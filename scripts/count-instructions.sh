@@ -7,7 +7,7 @@
 #
 #   scripts/rdma-vm.sh scripts/count-instructions.sh target/plugin/libnccl_net.so
 #   scripts/rdma-vm.sh scripts/count-instructions.sh ../shared/reference-plugin/libnccl-net-mlnx.so \
-#     --preload ../shared/reference-plugin/realpath_rxe.c
+#     --preload scripts/rxe-realpath.c
 #
 # Prints, per benchmark process (rank), each isend/irecv/test function of the plugin the
 # benchmark called: instructions per call and per message (inclusive: the provider's
