@@ -8,11 +8,14 @@ use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 
+use nccl_net::core::config::Config;
 use nccl_net::core::error::Error;
-use nccl_net::doctor::{Finding, NodeFacts, Roots, Severity, node_checks};
+use nccl_net::core::queues::QueueMemory;
+use nccl_net::doctor::{Expected, Finding, NodeFacts, Roots, Severity, node_checks};
 use nccl_net::driver::Exports;
 use nccl_net::plugin::GpuFacts;
 use nccl_net::topology::{GpuExport, HcaPort, LinkLayer, PeerMem, SysfsRoot};
+use nccl_net::transport::connection_memory;
 use nccl_net::verbs::Discovery;
 
 /// One port as the fixture describes it: verbs' view and what sysfs shows.
@@ -76,6 +79,8 @@ struct Node {
     hidden_from_verbs: bool,
     /// The library names the loader finds, with what each exports; any other is not found.
     libraries: Vec<(&'static str, Exports)>,
+    /// The connections the memlock budget is for (`--connections` or `--peers`).
+    expected: Expected,
 }
 
 const PCI: &str = "sys/devices/pci0000:00/0000:00:02.0";
@@ -109,6 +114,7 @@ impl Node {
             open_problems: Vec::new(),
             hidden_from_verbs: false,
             libraries: vec![("libnccl-net.so", plugin("/usr/lib/libnccl-net.so", "RsIB"))],
+            expected: Expected::Connections(32),
         };
         node.limits("unlimited", "unlimited", "0000000000000000")
     }
@@ -299,7 +305,7 @@ impl Node {
             gpu,
             &move |_| dmabuf.clone(),
             &open,
-            32,
+            self.expected,
         )
     }
 
@@ -479,6 +485,45 @@ fn memlock_against_the_budget() {
         Severity::Unknown,
         "limit unreadable",
     );
+}
+
+/// The budget for `--peers N` is N x NCCL_NCHANNELS_PER_NET_PEER connections, each costing what
+/// the plugin's own sizing says (`connection_memory`, the same sizes the comms are built with):
+/// on a hardware provider its rings and its queues, on Soft-RoCE its rings only.
+#[test]
+fn memlock_for_an_all_to_all_of_n_peers() {
+    let mut node = healthy("ml-peers");
+    node.expected = Expected::Peers(4096);
+    let f = one(&node.check("memlock"), Severity::Pass, "unlimited");
+    assert!(
+        f.what.contains(
+            "needed for 8192 connections (4096 peers x 2 per peer, NCCL_NCHANNELS_PER_NET_PEER)"
+        ),
+        "{}",
+        f.what
+    );
+    let per_connection = connection_memory(&Config::default(), 1, QueueMemory::Pinned).pinned();
+    let nccl = 2 * (4 << 20);
+    let budget = |f: &Finding| {
+        f.evidence
+            .iter()
+            .find(|e| e.source == "budget bytes")
+            .map(|e| e.value.parse::<u64>().unwrap())
+            .unwrap()
+    };
+    assert_eq!(budget(&f), 8192 * (per_connection + nccl));
+
+    node.env("NCCL_NCHANNELS_PER_NET_PEER", "4");
+    let f = one(&node.check("memlock"), Severity::Pass, "16384 connections");
+    assert_eq!(budget(&f), 16384 * (per_connection + nccl));
+
+    let mut soft = Node::new("ml-peers-rxe");
+    soft.nic("rxe0", None, &Port::default());
+    soft.expected = Expected::Peers(100);
+    let f = one(&soft.check("memlock"), Severity::Pass, "200 connections");
+    let rings = connection_memory(&Config::default(), 1, QueueMemory::Kernel).pinned();
+    assert!(rings < per_connection);
+    assert_eq!(budget(&f), 200 * (rings + nccl));
 }
 
 #[test]

@@ -8,6 +8,10 @@ mod support;
 use std::fs;
 use std::path::Path;
 
+use nccl_net::verbs::{
+    Access, CompletionQueue, Device, HostRegion, Op, PathParams, PostRefused, ProtectionDomain,
+    QpCaps, QueuePair, RemoteEndpoint, Sge, WorkRequest,
+};
 use support::run_host;
 
 const NCCL_LOG_WARN: i64 = 2;
@@ -303,4 +307,106 @@ fn pkey_index_missing_on_a_port_is_refused_at_init_naming_the_table() {
     );
     let ok = run_host(&[("NCCL_IB_PKEY", "0")], &[]);
     assert_eq!(ok.rc("init"), 0, "index 0 holds rxe's default key");
+}
+
+/// rxe0's GID index and GID that carry 127.0.0.1.
+fn loopback_gid() -> (u8, [u8; 16]) {
+    let dir = Path::new("/sys/class/infiniband/rxe0/ports/1/gids");
+    for index in 0..16u8 {
+        let text = fs::read_to_string(dir.join(index.to_string())).unwrap_or_default();
+        if text.trim() == "0000:0000:0000:0000:0000:ffff:7f00:0001" {
+            let mut gid = [0u8; 16];
+            gid[10] = 0xff;
+            gid[11] = 0xff;
+            gid[12..].copy_from_slice(&[127, 0, 0, 1]);
+            return (index, gid);
+        }
+    }
+    panic!("rxe0 has no GID for 127.0.0.1 in its first 16 entries");
+}
+
+/// The flow control under the plugin's right-sized send queues (`transport::held`): a full send
+/// queue refuses the rest of a chain with `PostRefused::Full` and the chain keeps the requests
+/// the provider did not take, and a single post is refused whole. rxe grants exactly the depth
+/// asked (127: depth + 1 rounded to a power of two, less the slot that tells full from empty).
+/// The QP's peer does not exist, so nothing completes while the test posts.
+#[test]
+#[allow(unsafe_code)] // posts on a raw QP, whose memory the test keeps alive
+fn a_full_send_queue_refuses_the_rest_of_a_chain_and_the_chain_keeps_it() {
+    require_rxe_devices();
+    let device = Device::open("rxe0").unwrap();
+    let pd = ProtectionDomain::new(&device).unwrap();
+    let cq = CompletionQueue::new(&device, 256).unwrap();
+    let caps = QpCaps {
+        max_send_wr: 127,
+        max_recv_wr: 1,
+        max_inline: 32,
+    };
+    let qp = QueuePair::new(&pd, &cq, caps).unwrap();
+    qp.to_init(1, 0, Access::REMOTE_WRITE).unwrap();
+    let (sgid_index, gid) = loopback_gid();
+    let path = PathParams {
+        port: 1,
+        mtu: 3,
+        global: true,
+        dlid: 0,
+        sgid_index,
+        traffic_class: 0,
+        service_level: 0,
+        // About 4 s per try: nothing fails while the test posts.
+        timeout: 20,
+        retry_cnt: 7,
+    };
+    let nobody = RemoteEndpoint {
+        qpn: 0x00ff_fff0,
+        gid,
+    };
+    qp.to_rtr(&nobody, &path).unwrap();
+    qp.to_rts(&path).unwrap();
+    let region = HostRegion::new(std::slice::from_ref(&pd), 4096, Access::LOCAL_WRITE).unwrap();
+    let write = |wr_id: u64| WorkRequest {
+        wr_id,
+        op: Op::Write,
+        local: Sge {
+            addr: region.addr(0),
+            len: 64,
+            lkey: region.mr(0).lkey(),
+        },
+        tail: Sge::default(),
+        remote_addr: 0x1000,
+        rkey: 1,
+        signaled: false,
+        cpu_readable: true,
+    };
+    let mut taken = 0u64;
+    let mut chain = qp.chain();
+    loop {
+        for i in 0..16 {
+            assert!(chain.push(&write(taken + i)));
+        }
+        // SAFETY: the region outlives the QP's use of it (the QP is destroyed first).
+        match unsafe { qp.post(&mut chain) } {
+            Ok(()) => {
+                taken += 16;
+                assert!(chain.is_empty());
+            }
+            Err(PostRefused::Full) => break,
+            Err(PostRefused::Failed(e)) => panic!("a post failed other than for room: {e}"),
+        }
+        assert!(taken < 1024, "the send queue never filled");
+    }
+    assert_eq!(taken, 7 * 16, "seven whole chains, then 15 of the eighth");
+    assert_eq!(
+        chain.len(),
+        1,
+        "the chain keeps the one request the queue had no room for"
+    );
+    // SAFETY: as above.
+    let again = unsafe { qp.post(&mut chain) };
+    assert!(matches!(again, Err(PostRefused::Full)), "{again:?}");
+    assert_eq!(chain.len(), 1);
+    // SAFETY: as above.
+    let one = unsafe { qp.post_one(&write(999)) };
+    assert!(matches!(one, Err(PostRefused::Full)), "{one:?}");
+    drop(qp);
 }

@@ -12,6 +12,7 @@ pub mod eager;
 pub mod error;
 pub mod group;
 pub mod proto;
+pub mod queues;
 pub mod repair;
 pub mod wire;
 #[cfg(test)]

@@ -10,10 +10,11 @@ use std::path::{Path, PathBuf};
 
 use crate::core::config::{Config, KNOBS, NOT_IMPLEMENTED};
 use crate::core::error::Error;
+use crate::core::queues::QueueMemory;
 use crate::driver::Exports;
 use crate::plugin::{DeviceModel, DmaBufProbe, GpuFacts, Survey};
 use crate::topology::{HcaFilter, SysfsRoot};
-use crate::transport::pinned_bytes_per_connection;
+use crate::transport::connection_memory;
 use crate::verbs::Discovery;
 
 /// The filesystem root everything is read under: `/` on a node, a fixture tree in tests.
@@ -116,13 +117,14 @@ pub struct EffectiveConfig {
 }
 
 /// NCCL's own variables the doctor weighs, with what NCCL does when they are unset: those that
-/// choose the network before the plugin is asked anything (`plugin.load`), and the size of
-/// NCCL's staging buffers (`memlock`).
-pub const NCCL_VARIABLES: [(&str, &str); 4] = [
+/// choose the network before the plugin is asked anything (`plugin.load`), the size of NCCL's
+/// staging buffers and the connections NCCL opens per peer (`memlock`).
+pub const NCCL_VARIABLES: [(&str, &str); 5] = [
     ("NCCL_NET_PLUGIN", "libnccl-net.so"),
     ("NCCL_NET", "the first network that starts"),
     ("NCCL_IB_DISABLE", "0"),
     ("NCCL_BUFFSIZE", "4194304"),
+    ("NCCL_NCHANNELS_PER_NET_PEER", "2"),
 ];
 
 /// `NAME=value` entries of one configuration file, as NCCL's `setEnvFile` reads them: lines
@@ -365,12 +367,25 @@ impl Memlock {
     }
 }
 
+/// How many connections one process is expected to hold, as the operator said it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Expected {
+    /// Peer connections (a send and a receive comm each): `--connections`.
+    Connections(u64),
+    /// Peers of an all-to-all: `--peers`, times the channels NCCL opens per network peer
+    /// (`NCCL_NCHANNELS_PER_NET_PEER`).
+    Peers(u64),
+}
+
 /// What the plugin and NCCL pin in host memory for the expected number of connections.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct MemoryBudget {
     /// Peer connections (a send and a receive comm each) one process is expected to hold.
     pub connections: u64,
-    /// The plugin's own pinned bytes per connection (rings, queues, flush).
+    /// When given as peers: the peers and the channels per peer they were multiplied by.
+    pub peers: Option<(u64, u64)>,
+    /// The plugin's own pinned bytes per connection: its rings, and its queues where the
+    /// provider pins them (`transport::connection_memory`, for the device that pins most).
     pub plugin_bytes: u64,
     /// NCCL's staging buffers per connection that sit in host memory (two `NCCL_BUFFSIZE`
     /// buffers when GPUDirect RDMA is off, none when it is on).
@@ -380,9 +395,14 @@ pub struct MemoryBudget {
 impl MemoryBudget {
     /// Total bytes.
     pub fn total(&self) -> u64 {
-        self.connections * (self.plugin_bytes + self.nccl_bytes)
+        self.connections
+            .saturating_mul(self.plugin_bytes.saturating_add(self.nccl_bytes))
     }
 }
+
+/// NCCL's default `NCCL_NCHANNELS_PER_NET_PEER`: the connections (send and receive comm) it
+/// opens to each network peer of point-to-point operations.
+const NCCL_DEFAULT_CHANNELS_PER_NET_PEER: u64 = 2;
 
 /// NCCL's default `NCCL_BUFFSIZE` (the SIMPLE protocol's buffer per connection and direction).
 const NCCL_DEFAULT_BUFFSIZE: u64 = 4 << 20;
@@ -587,7 +607,7 @@ pub struct NodeFacts {
 impl NodeFacts {
     /// Gather the facts: `env` looks up the process environment, `discovery` is verbs' answer
     /// (the live one, or a fixture's ports), `probe_dmabuf` the DMA-BUF probe, `open_library`
-    /// the loader NCCL would open its net plugin with, `connections` the peer connections one
+    /// the loader NCCL would open its net plugin with, `expected` the peer connections one
     /// process is expected to hold.
     pub fn gather(
         roots: Roots,
@@ -596,7 +616,7 @@ impl NodeFacts {
         gpu: GpuFacts,
         probe_dmabuf: DmaBufProbe<'_>,
         open_library: &dyn Fn(&str) -> Result<Exports, String>,
-        connections: u64,
+        expected: Expected,
     ) -> Self {
         let effective = EffectiveConfig::resolve(env, &roots);
         let plugin_route = plugin_route(effective.value("NCCL_NET_PLUGIN"), open_library);
@@ -610,12 +630,17 @@ impl NodeFacts {
             &gpu,
             probe_dmabuf,
         );
-        let members = survey
+        let plugin_bytes = survey
             .devices
             .iter()
-            .map(|d| d.virt.members.len())
+            .map(|d| {
+                let memory = QueueMemory::of_device(
+                    d.virt.members.first().map_or("", |m| m.device.as_str()),
+                );
+                connection_memory(&config, d.virt.members.len(), memory).pinned()
+            })
             .max()
-            .unwrap_or(1);
+            .unwrap_or_else(|| connection_memory(&config, 1, QueueMemory::Pinned).pinned());
         let gdr = survey
             .devices
             .iter()
@@ -624,9 +649,19 @@ impl NodeFacts {
             .value("NCCL_BUFFSIZE")
             .and_then(|v| v.trim().parse::<u64>().ok())
             .unwrap_or(NCCL_DEFAULT_BUFFSIZE);
+        let channels = effective
+            .value("NCCL_NCHANNELS_PER_NET_PEER")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|&c| c > 0)
+            .unwrap_or(NCCL_DEFAULT_CHANNELS_PER_NET_PEER);
+        let (connections, peers) = match expected {
+            Expected::Connections(n) => (n, None),
+            Expected::Peers(p) => (p.saturating_mul(channels), Some((p, channels))),
+        };
         let budget = MemoryBudget {
             connections,
-            plugin_bytes: pinned_bytes_per_connection(&config, members),
+            peers,
+            plugin_bytes,
             nccl_bytes: if gdr { 0 } else { 2 * buffsize },
         };
         let dev_nodes = dev_nodes(&roots, &config);

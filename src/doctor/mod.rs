@@ -15,7 +15,7 @@ mod rows;
 
 pub use checks::{CHECKS, node_checks};
 pub use facts::{
-    ConfFile, DevNode, EffectiveConfig, KernelLog, KernelRecord, Memlock, MemoryBudget,
+    ConfFile, DevNode, EffectiveConfig, Expected, KernelLog, KernelRecord, Memlock, MemoryBudget,
     NCCL_VARIABLES, NodeFacts, Opened, Origin, PluginEntry, Roots, RunContext, Setting,
 };
 pub use finding::{Evidence, Finding, Severity, worst_first};

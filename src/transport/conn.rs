@@ -13,7 +13,8 @@ use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
 use crate::core::eager;
 use crate::core::error::{Error, Kind, Result};
-use crate::core::proto::{POSTS_PER_MESSAGE, SLOTS};
+use crate::core::proto::SLOTS;
+use crate::core::queues::QueueMemory;
 use crate::core::wire::{Cts, DATA_PATH_REVISION, Endpoint, Hello, MAX_RECVS, Role};
 use crate::topology::{GidEntry, IbRoute, ib_route};
 use crate::verbs::{
@@ -56,17 +57,31 @@ pub(super) fn describe_eager(eager_bytes: u64, quiet: bool) -> String {
 /// Bytes of the sender's staging region: a sizes slot and an eager header per message slot.
 pub(super) const STAGING_BYTES: usize = SIZES_RING_BYTES + SLOTS * eager::HEADER_BYTES;
 
-/// Sender QPs: per message up to `POSTS_PER_MESSAGE` work requests on each QP, plus the two
-/// of an eager message per slot whose completion may still be outstanding.
+/// Sender QPs: room for four posts per message slot (a payload write and the closing
+/// write-with-immediate, or an eager message and the rendezvous write that may replace it), one
+/// less than a power of two (rxe rounds depth + 1 up to one; mlx5 rounds the queue's bytes).
+/// A message that needs more (up to `POSTS_PER_MESSAGE` per QP: a grouped receive of buffers
+/// over 1 GiB) waits in its lane's queue until completions make room (`held`). Inline up to 32
+/// bytes: what two scatter/gather entries take anyway, so it costs no memory on mlx5 or rxe
+/// (64 would double every entry on both, see `core::queues`).
 pub(super) const SEND_QP_CAPS: QpCaps = QpCaps {
-    max_send_wr: (SLOTS * (POSTS_PER_MESSAGE + 2)) as u32,
+    max_send_wr: (4 * SLOTS - 1) as u32,
     max_recv_wr: 1,
+    max_inline: 32,
 };
-/// Receiver QPs: one receive per message in flight and one per eager message in flight, CTS
-/// writes signaled every `CTS_SIGNAL_EVERY`.
+/// Receiver QPs: one receive per message in flight and one per eager message in flight; CTS
+/// writes (one 64-byte entry inline), signaled every `CTS_SIGNAL_EVERY`, with room for almost
+/// four signal periods (what does not fit waits, as above).
 pub(super) const RECV_QP_CAPS: QpCaps = QpCaps {
-    max_send_wr: (2 * SLOTS) as u32,
+    max_send_wr: (2 * SLOTS - 1) as u32,
     max_recv_wr: (2 * SLOTS) as u32,
+    max_inline: 64,
+};
+/// A receive comm's flush QPs, built at its first `iflush`: one read per flush in flight.
+pub(super) const FLUSH_QP_CAPS: QpCaps = QpCaps {
+    max_send_wr: SLOTS as u32,
+    max_recv_wr: 1,
+    max_inline: 0,
 };
 
 /// Whether a connection with `eager_bytes` agreed uses quiet receives (`core::proto`): when
@@ -85,42 +100,85 @@ pub(super) fn agreed_eager_bytes(config: &Config, nqps: usize, offered: u64) -> 
         0
     }
 }
-/// Bytes per work-queue entry in the pinned-memory estimate: the basic WQE stride of mlx5,
-/// whose queues live in user memory the kernel pins (rxe keeps its queues in kernel memory).
-const WQE_BYTES: u64 = 64;
+/// Memory one connection pair (a send comm and a receive comm, one peer) takes, from the sizes
+/// the comms are built with.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct ConnectionMemory {
+    /// Bytes of the control rings, page-rounded, registered on every member (each registration
+    /// pins its pages and counts against memlock on its own).
+    pub registered: u64,
+    /// Bytes of the QPs' and CQs' queues, by the provider's rule.
+    pub queues: u64,
+    /// Where the provider keeps the queues.
+    pub memory: QueueMemory,
+}
 
-/// Host memory a send comm and a receive comm (one peer, both directions) pin on a device of
-/// `members` ports: the control rings exactly, page-rounded, plus the work queues at
-/// `WQE_BYTES` per entry. NCCL's own staging buffers come on top (the doctor adds them).
-pub fn pinned_bytes_per_connection(config: &Config, members: usize) -> u64 {
-    const PAGE: u64 = 4096;
+impl ConnectionMemory {
+    /// What counts against the locked-memory limit: the rings, and the queues where the
+    /// provider pins them.
+    pub fn pinned(&self) -> u64 {
+        self.registered
+            + if self.memory.counts_against_memlock() {
+                self.queues
+            } else {
+                0
+            }
+    }
+}
+
+/// Entries of a comm's CQ on a member that `lanes` QPs of `caps` may use, plus `extra` (a
+/// flush QP's reads). Both sides of the estimate and `QpSet::new` size CQs by this.
+fn cq_entries(caps: QpCaps, lanes: u32, extra: u32) -> u32 {
+    (caps.max_send_wr + caps.max_recv_wr) * lanes + extra + 16
+}
+
+/// [`ConnectionMemory`] of a connection on a device of `members` ports whose provider keeps
+/// queues as `memory` says. A receive comm's flush QPs and scratch, built at its first `iflush`
+/// (receives into GPU memory), and NCCL's own staging buffers come on top.
+pub fn connection_memory(config: &Config, members: usize, memory: QueueMemory) -> ConnectionMemory {
     let region = |bytes: usize| (bytes as u64).div_ceil(PAGE) * PAGE;
-    let queue = |caps: QpCaps| u64::from(caps.max_send_wr + caps.max_recv_wr) * WQE_BYTES;
-    let qps = (members as u64) * u64::from(config.qps_per_connection);
-    let bounce = eager::ring_bytes(agreed_eager_bytes(config, qps as usize, u64::MAX));
+    let lanes = members as u32 * config.qps_per_connection;
+    let bounce = eager::ring_bytes(agreed_eager_bytes(config, lanes as usize, u64::MAX));
     // With quiet receives, the sender's staging ring for eager payloads matches the bounce ring.
     let eager_staging = if config.quiet {
         region(bounce as usize)
     } else {
         0
     };
-    let send = region(CTS_REGION_BYTES)
-        + region(STAGING_BYTES)
-        + eager_staging
-        + qps * queue(SEND_QP_CAPS);
-    let mut recv = region(SIZES_RING_BYTES + bounce as usize)
-        + region(CTS_STAGING_REGION_BYTES)
-        + qps * queue(RECV_QP_CAPS);
-    if config.flush_enabled {
-        // One flush QP and a 64-byte scratch region per member.
-        recv += members as u64 * (queue(RECV_QP_CAPS) + region(64));
+    let send_rings = region(CTS_REGION_BYTES) + region(STAGING_BYTES) + eager_staging;
+    let recv_rings = region(SIZES_RING_BYTES + bounce as usize) + region(CTS_STAGING_REGION_BYTES);
+    // Lanes on each member's CQ: every lane where failover may move them there.
+    let lanes_per_cq = |m: u32| {
+        if config.port_failover {
+            lanes
+        } else {
+            (m..lanes).step_by(members).count() as u32
+        }
+    };
+    let flush_wrs = if config.flush_enabled {
+        SLOTS as u32
+    } else {
+        0
+    };
+    let cqs: u64 = (0..members as u32)
+        .map(|m| {
+            memory.cq_bytes(cq_entries(SEND_QP_CAPS, lanes_per_cq(m), 0))
+                + memory.cq_bytes(cq_entries(RECV_QP_CAPS, lanes_per_cq(m), flush_wrs))
+        })
+        .sum();
+    let qps = u64::from(lanes) * (memory.qp_bytes(SEND_QP_CAPS) + memory.qp_bytes(RECV_QP_CAPS));
+    ConnectionMemory {
+        registered: members as u64 * (send_rings + recv_rings),
+        queues: qps + cqs,
+        memory,
     }
-    send + recv
 }
+
+const PAGE: u64 = 4096;
 
 /// Every n-th CTS write is signaled so the receiver's send queue drains. Each completion is
 /// work for the device and for the poll that finds it, so it is rare: one per half ring, i.e.
-/// four signal periods fit in the queue's `2 * SLOTS` entries (NCCL's transport signals one
+/// almost four signal periods fit in the queue's `2 * SLOTS - 1` entries (NCCL's transport signals one
 /// CTS write per ring of 32).
 pub(super) const CTS_SIGNAL_EVERY: u64 = (SLOTS / 2) as u64;
 
@@ -264,7 +322,6 @@ impl QpSet {
         (holds, movable): (bool, bool),
     ) -> Result<Self> {
         let members = ctx.ports.len();
-        let per_qp = caps.max_send_wr + caps.max_recv_wr;
         let cqs = ctx
             .ports
             .iter()
@@ -275,7 +332,7 @@ impl QpSet {
                 } else {
                     (m..n).step_by(members).count() as u32
                 };
-                CompletionQueue::new(&port.device, per_qp * qps_here + extra + 16)
+                CompletionQueue::new(&port.device, cq_entries(caps, qps_here, extra))
             })
             .collect::<Result<Vec<_>>>()?;
         let mut set = Self {
@@ -344,7 +401,10 @@ impl QpSet {
         for (member, cq) in self.cqs.iter().enumerate() {
             while cq.poll_each(|c| each(member, c))? == CompletionQueue::BATCH {}
         }
-        Ok(())
+        // The completions made room in the send queues: post what waits for it.
+        self.lanes
+            .iter()
+            .try_for_each(|l| l.read().queue.post_waiting())
     }
 
     /// `"traffic class 106, service level 3; the QP reports traffic class 106"`: what the
@@ -828,33 +888,40 @@ mod tests {
     }
 
     #[test]
-    fn pinned_footprint_counts_rings_queues_and_flush() {
+    fn connection_memory_counts_rings_per_member_and_queues_by_provider() {
+        const PAGE: u64 = 4096;
         let config = Config::default();
-        // Send: CTS ring 32 x 8 x 64 B and the credit's line -> 5 pages, staging (sizes
-        // 2048 B + eager headers 512 B) -> 1 page, 1153 WQEs of 64 B.
-        let send = 5 * 4096 + 4096 + 1153 * 64;
-        // Receive: sizes ring 2048 B + bounce ring 32 x (16 + 4096) B -> 33 pages, CTS staging
-        // (two rings and the credit word) 9 pages, 128 WQEs; flush: 128 WQEs and one scratch
-        // page.
-        let recv = 33 * 4096 + 9 * 4096 + 128 * 64 + (128 * 64 + 4096);
-        assert_eq!(pinned_bytes_per_connection(&config, 1), send + recv);
+        let mlx5 = connection_memory(&config, 1, QueueMemory::Pinned);
+        // Send: CTS ring 32 x 8 x 64 B and the credit's line -> 5 pages, staging (sizes 2048 B
+        // + eager headers 512 B) -> 1 page. Receive: sizes ring 2048 B + bounce ring
+        // 32 x (16 + 4096) B -> 33 pages, CTS staging (two rings and the credit word) 9 pages.
+        assert_eq!(mlx5.registered, (5 + 1 + 33 + 9) * PAGE);
+        // mlx5: the send QP 127 x 256-byte entries (32 KiB) and its receive queue, 9 pages;
+        // the receive QP 63 x 320-byte entries (64 inline: 32 KiB) and 64 receives, 9 pages;
+        // two CQs of 256 entries (144 and 175 asked for), 4 pages each.
+        assert_eq!(mlx5.queues, (9 + 9 + 4 + 4) * PAGE);
+        assert_eq!(mlx5.pinned(), (48 + 26) * PAGE);
+        // rxe keeps its queues in kernel memory: only the rings count against memlock.
+        let rxe = connection_memory(&config, 1, QueueMemory::Kernel);
+        assert_eq!(rxe.pinned(), 48 * PAGE);
+        assert!(rxe.queues > 0);
         // Quiet receives: the sender's eager staging ring matches the bounce ring, 33 pages.
         let quiet = Config {
             quiet: true,
             ..Config::default()
         };
-        assert_eq!(
-            pinned_bytes_per_connection(&quiet, 1),
-            send + 33 * 4096 + recv
-        );
-        let no_flush = Config {
-            flush_enabled: false,
+        let quiet = connection_memory(&quiet, 1, QueueMemory::Pinned);
+        assert_eq!(quiet.registered, mlx5.registered + 33 * PAGE);
+        // Two members, two QPs each: no eager path, no bounce ring; every ring registered on
+        // both members; with failover every CQ has room for all four lanes.
+        let fused = Config {
             qps_per_connection: 2,
             ..Config::default()
         };
-        // Several QPs: no eager path, no bounce ring.
-        let two = pinned_bytes_per_connection(&no_flush, 2);
-        // Send 5 + 1 pages, receive 1 + 9 pages.
-        assert_eq!(two, (6 + 10) * 4096 + 4 * (1153 + 128) * 64);
+        let two = connection_memory(&fused, 2, QueueMemory::Pinned);
+        assert_eq!(two.registered, 2 * (6 + 10) * PAGE);
+        let qps = 4 * (9 + 9) * PAGE;
+        // CQs: 4 x 128 + 16 = 528 -> 1024 entries (64 KiB); 4 x 127 + 32 + 16 = 556 -> 64 KiB.
+        assert_eq!(two.queues, qps + 2 * (16 + 16) * PAGE);
     }
 }

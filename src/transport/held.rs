@@ -23,6 +23,7 @@
 //! call, which posts it itself or leaves it to the next walk.
 #![allow(unsafe_code)] // posts work requests whose memory the comms vouch for
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -30,11 +31,17 @@ use parking_lot::{Mutex, const_mutex};
 
 use super::conn::{Failure, QpSet};
 use crate::core::error::Result;
-use crate::verbs::{QueuePair, SendChain, WorkRequest};
+use crate::plugin::PLUGIN_NAME;
+use crate::verbs::{PostRefused, QueuePair, SendChain, WorkRequest};
 
 #[derive(Debug)]
 struct Chain {
     chain: SendChain,
+    /// Requests behind the chain's that wait for room in the send queue, in order (the chain
+    /// keeps the first ones a full queue refused). Queues are sized for the usual load, not
+    /// for every message posting its most (see `conn::SEND_QP_CAPS`); what does not fit goes
+    /// when completions make room: at the comm's next progress, or the next post.
+    waiting: VecDeque<WorkRequest>,
     /// A post made for this queue outside its comm's calls (by [`flush_all`]) failed; the comm
     /// reports it at its next post.
     failed: Failure,
@@ -46,6 +53,8 @@ struct Queue {
     chain: Mutex<Chain>,
     /// The chain holds requests (read without its lock by [`flush_all`]).
     holding: AtomicBool,
+    /// Requests wait for room in the send queue (read without the chain's lock by posts).
+    backlog: AtomicBool,
 }
 
 /// Every queue that may hold, for [`flush_all`] and the watcher.
@@ -70,12 +79,42 @@ impl Queue {
         }
     }
 
-    /// Post what `c` holds.
+    /// The send queue refused a post for want of room: later posts wait behind it.
+    fn note_full(&self) {
+        if !self.backlog.swap(true, Ordering::AcqRel) {
+            tracing::trace!(
+                "NET/{PLUGIN_NAME}: {}: send queue full; work requests wait for completions to \
+                 make room",
+                self.qp.label()
+            );
+        }
+    }
+
+    /// Post what `c` holds, and what waits behind it, as far as the send queue has room.
     fn post(&self, c: &mut Chain) -> Result<()> {
         self.set_holding(false);
-        // SAFETY: every request in the chain was added through `PostQueue::submit`, whose
-        // caller vouched for its memory until its completion; the chain is this QP's.
-        unsafe { self.qp.post(&mut c.chain) }
+        loop {
+            // SAFETY: every request in the chain was added through `PostQueue::submit` or
+            // `post_one`, whose callers vouched for its memory until its completion; the chain
+            // is this QP's.
+            match unsafe { self.qp.post(&mut c.chain) } {
+                Ok(()) => {}
+                Err(PostRefused::Full) => {
+                    self.note_full();
+                    return Ok(());
+                }
+                Err(PostRefused::Failed(e)) => return Err(e),
+            }
+            if c.waiting.is_empty() {
+                self.backlog.store(false, Ordering::Release);
+                return Ok(());
+            }
+            while !c.chain.is_full()
+                && let Some(w) = c.waiting.pop_front()
+            {
+                c.chain.push(&w);
+            }
+        }
     }
 }
 
@@ -100,9 +139,15 @@ impl Builder<'_> {
     /// # Errors
     /// `System` when that post fails.
     pub(super) fn push(&mut self, w: &WorkRequest) -> Result<()> {
+        if !self.chain.waiting.is_empty() {
+            self.chain.waiting.push_back(*w);
+            return Ok(());
+        }
         if !self.chain.chain.push(w) {
             self.queue.post(self.chain)?;
-            self.chain.chain.push(w);
+            if !self.chain.waiting.is_empty() || !self.chain.chain.push(w) {
+                self.chain.waiting.push_back(*w);
+            }
         }
         Ok(())
     }
@@ -112,7 +157,7 @@ impl Builder<'_> {
     /// # Errors
     /// As [`Self::push`].
     pub(super) fn push_merged(&mut self, w: &WorkRequest) -> Result<()> {
-        if self.chain.chain.merge(w) {
+        if self.chain.waiting.is_empty() && self.chain.chain.merge(w) {
             return Ok(());
         }
         self.push(w)
@@ -127,9 +172,11 @@ impl PostQueue {
             qp,
             chain: Mutex::new(Chain {
                 chain,
+                waiting: VecDeque::new(),
                 failed: Failure::default(),
             }),
             holding: AtomicBool::new(false),
+            backlog: AtomicBool::new(false),
         });
         if holds {
             QUEUES.lock().push(Arc::clone(&queue));
@@ -173,8 +220,8 @@ impl PostQueue {
     }
 
     /// Post `w` now, after what the queue holds: `submit(false, |b| b.push(w))`, without the
-    /// chain for a queue that never holds (its chain is empty between calls, and nothing was
-    /// posted for it outside its comm's calls that could have failed).
+    /// chain for a queue that never holds and has nothing waiting (its chain is empty between
+    /// calls, and nothing was posted for it outside its comm's calls that could have failed).
     ///
     /// # Safety
     /// As [`Self::submit`], for `w`.
@@ -183,22 +230,68 @@ impl PostQueue {
     /// As [`Self::submit`].
     #[inline]
     pub(super) unsafe fn post_one(&self, w: &WorkRequest) -> Result<()> {
-        if self.registered {
+        if self.registered || self.queue.backlog.load(Ordering::Acquire) {
             // SAFETY: forwarded from this function's contract.
             return unsafe { self.submit(false, |b| b.push(w)) };
         }
         // SAFETY: forwarded from this function's contract; the QP is this queue's.
-        unsafe { self.queue.qp.post_one(w) }
+        match unsafe { self.queue.qp.post_one(w) } {
+            Ok(()) => Ok(()),
+            Err(PostRefused::Full) => {
+                self.wait_for_room(w);
+                Ok(())
+            }
+            Err(PostRefused::Failed(e)) => Err(e),
+        }
     }
 
-    /// Post what the queue holds.
+    /// Keep `w`, which a full send queue refused, for a later post. Out of line: the queue is
+    /// full only under a load it was not sized for.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_room(&self, w: &WorkRequest) {
+        let mut chain = self.queue.chain.lock();
+        // Nothing waits (`backlog` is clear), so the chain is empty and takes it.
+        if !chain.chain.push(w) {
+            chain.waiting.push_back(*w);
+        }
+        self.queue.note_full();
+    }
+
+    /// Post what the queue holds, and what waits for room in the send queue as far as there
+    /// is room now.
     ///
     /// # Errors
     /// As [`Self::submit`].
     pub(super) fn flush(&self) -> Result<()> {
-        if !self.queue.holding.load(Ordering::Acquire) {
+        if !self.queue.holding.load(Ordering::Acquire)
+            && !self.queue.backlog.load(Ordering::Acquire)
+        {
             return self.queue.chain.lock().failed.check();
         }
+        let mut chain = self.queue.chain.lock();
+        chain.failed.check()?;
+        self.queue.post(&mut chain)
+    }
+}
+
+impl PostQueue {
+    /// Post what waits for room in the send queue, as far as there is room now (requests
+    /// held for a batch behind them go too).
+    ///
+    /// # Errors
+    /// As [`Self::submit`].
+    #[inline]
+    pub(super) fn post_waiting(&self) -> Result<()> {
+        if !self.queue.backlog.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.post_backlog()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn post_backlog(&self) -> Result<()> {
         let mut chain = self.queue.chain.lock();
         chain.failed.check()?;
         self.queue.post(&mut chain)

@@ -21,7 +21,7 @@ mod send;
 mod watch;
 mod wire_io;
 
-pub use conn::{pinned_bytes_per_connection, random_u64};
+pub use conn::{ConnectionMemory, connection_memory, random_u64};
 pub use context::{DeviceContext, PortContext, oob_settings};
 pub use held::flush_all as post_held;
 pub use listen::ListenComm;

@@ -6,13 +6,14 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
 use super::conn::{
     CREDIT_OFFSET, CREDIT_STAGING, CTS_RING_BYTES, CTS_SIGNAL_EVERY, CTS_STAGING_REGION_BYTES,
-    Failure, Nonces, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS, WR_DRAIN,
-    WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, check_alive, check_peer,
-    completion_error, describe_eager, describe_local, describe_remote, failover_agreed,
+    FLUSH_QP_CAPS, Failure, Nonces, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES, SIZES_SLOT_BYTES,
+    WR_CTS, WR_DRAIN, WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, check_alive,
+    check_peer, completion_error, describe_eager, describe_local, describe_remote, failover_agreed,
     local_hello, path_params, quiet_receives,
 };
 use super::failover::{Failover, Repairing, log_failover};
@@ -59,7 +60,7 @@ impl FlushQp {
         cq: &Arc<CompletionQueue>,
         config: &Config,
     ) -> Result<Self> {
-        let qp = QueuePair::new(&port.pd, cq, RECV_QP_CAPS)?;
+        let qp = QueuePair::new(&port.pd, cq, FLUSH_QP_CAPS)?;
         qp.to_init(
             port.port_num(),
             port.pkey_index,
@@ -134,8 +135,9 @@ pub struct RecvComm {
     pub(super) qps: QpSet,
     /// What its QPs use (a lane's new QP too).
     pub(super) traffic: Traffic,
-    /// One loopback QP per member; empty when flushing is disabled.
-    flush: Vec<FlushQp>,
+    /// One loopback QP per member, built at the first `iflush` (NCCL flushes only receives
+    /// into GPU memory: a comm of host buffers never needs them).
+    flush: OnceCell<Vec<FlushQp>>,
     /// The answers as they go out: the ring's layout, twice (see
     /// [`CTS_STAGING_BYTES`](super::conn::CTS_STAGING_BYTES)).
     pub(super) cts_staging: HostRegion,
@@ -204,16 +206,6 @@ impl RecvComm {
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
         let cts_staging = HostRegion::new(&pds, CTS_STAGING_REGION_BYTES, Access::LOCAL_WRITE)?;
-        let flush = if ctx.config.flush_enabled {
-            ctx.ports
-                .iter()
-                .zip(&qps.cqs)
-                .zip(&qps.gids)
-                .map(|((port, cq), gid)| FlushQp::new(port, gid, cq, &ctx.config))
-                .collect::<Result<Vec<_>>>()?
-        } else {
-            Vec::new()
-        };
         let nonces = Nonces {
             listen: remote.listen_nonce,
             connect: remote.connect_nonce,
@@ -254,7 +246,7 @@ impl RecvComm {
             ctx: Arc::clone(ctx),
             qps,
             traffic,
-            flush,
+            flush: OnceCell::new(),
             cts_staging,
             cts_layout: CtsLayout::with_peer(remote.revision),
             sizes_ring,
@@ -607,7 +599,7 @@ impl RecvComm {
     /// # Errors
     /// A failed comm's error; `Misuse` when more flushes are in flight than slots.
     pub fn iflush(&self, targets: &[(u64, u64, &MrHandle)]) -> Result<Option<usize>> {
-        if self.flush.is_empty() {
+        if !self.ctx.config.flush_enabled {
             return Ok(None);
         }
         let Some(&(addr, _, mr)) = targets.iter().rev().find(|(_, size, _)| *size > 0) else {
@@ -620,9 +612,13 @@ impl RecvComm {
                 "more than {SLOTS} flushes in flight"
             )));
         };
+        let flush = self
+            .flush
+            .get_or_try_init(|| self.build_flush_qps())
+            .map_err(|e| st.failed.record(e))?;
         let rkeys = mr.rkeys();
         let mut posted = 0;
-        for (member, flush) in self.flush.iter().enumerate() {
+        for (member, flush) in flush.iter().enumerate() {
             if st.failover.is_some() && self.ctx.ports[member].is_down() {
                 // Its lanes moved to the members left, whose reads flush what they carried.
                 continue;
@@ -653,6 +649,17 @@ impl RecvComm {
         }
         st.flushes[k] = FlushSlot::Pending(posted);
         Ok(Some(SLOTS + k))
+    }
+
+    /// The flush QPs, one per member, on the comm's CQs (which have room for their reads).
+    fn build_flush_qps(&self) -> Result<Vec<FlushQp>> {
+        self.ctx
+            .ports
+            .iter()
+            .zip(&self.qps.cqs)
+            .zip(&self.qps.gids)
+            .map(|((port, cq), gid)| FlushQp::new(port, gid, cq, &self.ctx.config))
+            .collect()
     }
 
     /// Poll request `index`: `Some(sizes)` (one per buffer; empty for a flush) when done.

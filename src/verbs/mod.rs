@@ -19,4 +19,6 @@ pub use device::{Device, Discovery, PortState, discover_ports};
 pub use events::{AsyncEvent, Epoll, EventFd};
 pub use netif::{InterfaceAddr, interface_addrs};
 pub use pd::{Access, HostRegion, MemoryRegion, ProtectionDomain, reg_mr_iova2_available};
-pub use qp::{Op, PathParams, QpCaps, QueuePair, RemoteEndpoint, SendChain, Sge, WorkRequest};
+pub use qp::{
+    Op, PathParams, PostRefused, QpCaps, QueuePair, RemoteEndpoint, SendChain, Sge, WorkRequest,
+};

@@ -10,21 +10,29 @@ use rdma_sys as sys;
 use super::{Access, CompletionQueue, ProtectionDomain};
 use crate::core::error::{Error, Result};
 
-/// Queue depths of a QP.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct QpCaps {
-    /// Send queue depth.
-    pub max_send_wr: u32,
-    /// Receive queue depth.
-    pub max_recv_wr: u32,
+pub use crate::core::queues::QpCaps;
+
+/// Why [`QueuePair::post`] left requests in the chain.
+#[derive(Debug)]
+pub enum PostRefused {
+    /// The send queue is full (`ENOMEM`): the requests the provider did not take are still in
+    /// the chain, in order, to be posted once completions make room.
+    Full,
+    /// Any other failure; the chain is emptied.
+    Failed(Error),
 }
 
-/// Bytes a work request may carry inline (copied into the WQE at post time, so the NIC need
-/// not fetch them: CTS entries, batched CTS writes of up to four entries, small payloads), the
-/// most first: a QP takes the first its device grants. Latency tools inline as much (perftest's
-/// `ib_write_lat` up to 220 bytes by default); on rxe, 256 against 64 shortened the half round
-/// trip at 128 and 256 B by 2% and left other sizes level (docs/history/measurements-2026-11.md).
-const INLINE_LADDER: [u32; 3] = [256, 64, 0];
+impl From<PostRefused> for Error {
+    fn from(r: PostRefused) -> Self {
+        match r {
+            PostRefused::Full => Self::system(
+                "ibv_post_send: send queue full",
+                io::Error::from_raw_os_error(libc::ENOMEM),
+            ),
+            PostRefused::Failed(e) => e,
+        }
+    }
+}
 
 /// The remote end a QP connects to.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -153,7 +161,11 @@ impl QueuePair {
         caps: QpCaps,
     ) -> Result<Self> {
         let mut last_error = None;
-        for max_inline in INLINE_LADDER {
+        let ladder = [caps.max_inline, caps.max_inline.min(64), 0];
+        for (i, &max_inline) in ladder.iter().enumerate() {
+            if i > 0 && max_inline == ladder[i - 1] {
+                continue;
+            }
             // SAFETY: all-zero is a valid ibv_qp_init_attr (plain C data); fields set below.
             let mut attr: sys::ibv_qp_init_attr = unsafe { MaybeUninit::zeroed().assume_init() };
             attr.send_cq = cq.raw();
@@ -190,6 +202,11 @@ impl QueuePair {
     /// The QP number.
     pub fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    /// `"rxe0 QP 0x11"`, for log lines.
+    pub fn label(&self) -> String {
+        format!("{} QP {:#x}", self.pd.device().name(), self.qpn)
     }
 
     /// The traffic class and service level of the QP's path, as the device reports them
@@ -329,7 +346,7 @@ impl QueuePair {
         };
         // SAFETY: a zero-byte write reads and writes no memory, and on a QP in ERR nothing is
         // sent at all.
-        unsafe { self.post_one(&marker) }?;
+        unsafe { self.post_one(&marker) }.map_err(Error::from)?;
         self.post_recv(recv_id)
     }
 
@@ -344,12 +361,13 @@ impl QueuePair {
     /// `chain` came from [`Self::chain`] of this QP. Every local range must stay registered and
     /// unchanged (for writes) or writable (for reads), and every remote range valid for the
     /// peer, until the chain's completions are polled or the QP is destroyed; ranges the QP
-    /// takes inline are copied by the post.
+    /// takes inline are copied by the post (for requests the chain keeps, by a later post).
     ///
     /// # Errors
-    /// `System` when the provider refuses the post (e.g. ENOMEM: send queue full); the chain is
-    /// emptied either way.
-    pub unsafe fn post(&self, chain: &mut SendChain) -> Result<()> {
+    /// [`PostRefused::Full`] when the send queue had no room for every request: the ones it
+    /// did not take stay in the chain, in order. [`PostRefused::Failed`] for any other refusal;
+    /// the chain is emptied.
+    pub unsafe fn post(&self, chain: &mut SendChain) -> std::result::Result<(), PostRefused> {
         let n = chain.len;
         if n == 0 {
             return Ok(());
@@ -369,10 +387,18 @@ impl QueuePair {
         let rc = unsafe { sys::ibv_post_send(self.raw.as_ptr(), first, &mut bad) };
         // SAFETY: as above.
         unsafe { (*last).next = after };
-        if rc != 0 {
-            return Err(self.post_failed(n, rc));
+        if rc == 0 {
+            return Ok(());
         }
-        Ok(())
+        if rc == libc::ENOMEM {
+            // The provider took the requests before `bad` (posted in order), none from it on.
+            let taken = (0..n).find(|&i| first.wrapping_add(i) == bad);
+            if let Some(taken) = taken {
+                chain.keep_from(taken, n);
+                return Err(PostRefused::Full);
+            }
+        }
+        Err(PostRefused::Failed(self.post_failed(n, rc)))
     }
 
     /// Post `w` alone with one `ibv_post_send`, its C request built on the stack: what
@@ -382,9 +408,10 @@ impl QueuePair {
     /// As [`Self::post`], for `w`'s ranges.
     ///
     /// # Errors
-    /// As [`Self::post`].
+    /// As [`Self::post`]; on [`PostRefused::Full`] nothing was posted (`w` is the caller's to
+    /// keep).
     #[inline(always)]
-    pub unsafe fn post_one(&self, w: &WorkRequest) -> Result<()> {
+    pub unsafe fn post_one(&self, w: &WorkRequest) -> std::result::Result<(), PostRefused> {
         // SAFETY: all-zero is a valid ibv_send_wr (NULL pointers, zero fields).
         let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
         let empty = sys::ibv_sge {
@@ -400,9 +427,20 @@ impl QueuePair {
         // it, the rest the provider reads from the registered memory the caller vouched for).
         let rc = unsafe { sys::ibv_post_send(self.raw.as_ptr(), &mut wr, &mut bad) };
         if rc != 0 {
-            return Err(self.post_failed(1, rc));
+            return Err(self.refused(rc));
         }
         Ok(())
+    }
+
+    /// What a refused single post means. Out of line, as [`Self::post_failed`].
+    #[cold]
+    #[inline(never)]
+    fn refused(&self, rc: i32) -> PostRefused {
+        if rc == libc::ENOMEM {
+            PostRefused::Full
+        } else {
+            PostRefused::Failed(self.post_failed(1, rc))
+        }
     }
 
     /// The error of an `ibv_post_send` of `n` requests that returned `rc`. Out of line: the
@@ -516,6 +554,12 @@ fn fill(wr: &mut sys::ibv_send_wr, pair: &mut [sys::ibv_sge; 2], w: &WorkRequest
     };
 }
 
+/// A bitwise copy of `wr` (a plain C struct whose pointers the caller re-points).
+fn copy_fields(wr: &sys::ibv_send_wr) -> sys::ibv_send_wr {
+    // SAFETY: ibv_send_wr is plain C data; the copy's pointers are replaced before use.
+    unsafe { std::ptr::read(wr) }
+}
+
 impl SendChain {
     fn new(max_inline: u32) -> Self {
         let wrs = NonNull::from(Box::leak(
@@ -566,6 +610,32 @@ impl SendChain {
     /// Whether the chain holds nothing.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Requests in the chain.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no request can be added.
+    pub fn is_full(&self) -> bool {
+        self.len == CHAIN_CAPACITY
+    }
+
+    /// Keep requests `from..n` (a post took the ones before): moved to the front, in order.
+    /// The links and SGE pointers stay where they are; only the requests' own fields move.
+    fn keep_from(&mut self, from: usize, n: usize) {
+        for (to, i) in (from..n).enumerate() {
+            let (wr, pair) = self.entry(i);
+            let (wr, pair) = (copy_fields(wr), *pair);
+            let (dst, dst_pair) = self.entry(to);
+            let (next, sg_list) = (dst.next, dst.sg_list);
+            *dst = wr;
+            dst.next = next;
+            dst.sg_list = sg_list;
+            *dst_pair = pair;
+        }
+        self.len = n - from;
     }
 
     /// Append `w`; `false` (and nothing added) when the chain is full.

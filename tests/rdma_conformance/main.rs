@@ -21,6 +21,7 @@ mod data_path;
 mod eager;
 mod failover;
 mod faults;
+mod queues;
 mod versions;
 
 use std::ffi::c_void;
@@ -344,6 +345,7 @@ fn scenarios() -> impl Iterator<Item = &'static Scenario> {
         .chain(eager::SCENARIOS)
         .chain(batch::SCENARIOS)
         .chain(abandon::SCENARIOS)
+        .chain(queues::SCENARIOS)
 }
 
 /// The ncclNet versions the common scenarios run through: the oldest and the newest table,
@@ -372,6 +374,7 @@ fn runs() -> Vec<(String, &'static Scenario, Option<u8>)> {
             .chain(eager::SCENARIOS)
             .chain(batch::SCENARIOS)
             .chain(abandon::SCENARIOS)
+            .chain(queues::SCENARIOS)
             .map(|s| (s.name.to_owned(), s, None)),
     );
     runs

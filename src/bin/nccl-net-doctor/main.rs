@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use nccl_net::doctor::{
-    CHECKS, DeviceRow, Finding, NodeFacts, Roots, device_rows, node_checks, worst_first,
+    CHECKS, DeviceRow, Expected, Finding, NodeFacts, Roots, device_rows, node_checks, worst_first,
 };
 use nccl_net::driver::Library;
 use nccl_net::plugin::{GpuFacts, probe_dmabuf_live};
@@ -51,8 +51,14 @@ struct Args {
     strict: bool,
     /// Peer connections (a send and a receive comm each) one process is expected to hold: the
     /// memlock budget.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     connections: u64,
+    /// Peers one process talks to point to point (an all-to-all over N ranks: N - 1): the
+    /// memlock budget for N x NCCL_NCHANNELS_PER_NET_PEER (default 2) connections, instead of
+    /// --connections.
+    #[arg(long, value_name = "N", conflicts_with = "connections",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    peers: Option<u64>,
     /// Serve a pair check on ADDR:PORT and wait for `--peer`; without ADDR, on the address the
     /// plugin's own listeners use (its out-of-band address for the first member of `--dev`,
     /// default device 0), port 18515 unless given.
@@ -178,7 +184,8 @@ fn main() -> ExitCode {
         GpuFacts::probe(&roots.sysfs(), &roots.at("/proc")),
         &probe_dmabuf_live,
         &|name: &str| Library::open(name.as_bytes()).map(|lib| lib.exports()),
-        args.connections,
+        args.peers
+            .map_or(Expected::Connections(args.connections), Expected::Peers),
     );
     let rows = device_rows(&facts);
     let host = host_name();

@@ -166,10 +166,16 @@ pub(super) fn memlock(facts: &NodeFacts) -> Vec<Finding> {
             bytes(b.nccl_bytes / 2)
         )
     };
+    let counted = match b.peers {
+        Some((peers, channels)) => format!(
+            "{} connections ({peers} peers x {channels} per peer, NCCL_NCHANNELS_PER_NET_PEER)",
+            b.connections
+        ),
+        None => format!("{} connections", b.connections),
+    };
     let need_text = format!(
-        "{} needed for {} connections (plugin {} + {nccl_part}, each)",
+        "{} needed for {counted} (plugin {} + {nccl_part}, each)",
         bytes(need),
-        b.connections,
         bytes(b.plugin_bytes)
     );
     let f = if m.cap_ipc_lock {
