@@ -118,6 +118,9 @@ fn unknown_arguments_and_bad_sizes_are_rejected() {
     assert!(err.contains("1 is not in 2..=1000"), "{err}");
     let (_, err) = bench(&["--plugin", "x.so", "--abi", "7"]);
     assert!(err.contains("7 is not in 8..=12"), "{err}");
+    let (code, err) = bench(&["--plugin", "x.so", "--comms", "10,0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("0 is not in 1..=100000"), "{err}");
     let (code, err) = bench(&["--plugin", "x.so", "--recv-late", "--recv-preposted"]);
     assert_eq!(code, 2);
     assert!(
@@ -306,4 +309,53 @@ fn interleaved_runs_swap_positions_and_pool_the_block_pairs() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--against PATH.so is required"), "{stderr}");
+}
+
+/// `--comms`: N comm pairs in connect rounds, each moving a verified message, and per pair what
+/// they cost. The fixture's comms are one TCP connection each: two descriptors per pair, none
+/// left after the close, no thread, no pinned memory.
+#[test]
+fn comms_mode_opens_n_pairs_in_rounds_and_counts_what_each_costs() {
+    let fixture = fixture_plugin();
+    let plugin = fixture.to_str().unwrap();
+    let args = [
+        "--plugin",
+        plugin,
+        "--dev",
+        "fixture0",
+        "--comms",
+        "1,40",
+        "--pending",
+        "16",
+        "--json",
+    ];
+    let (code, out, err) = bench_env(&args, &[]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["mode"], "comms", "{doc}");
+    assert_eq!(doc["pending"], 16, "{doc}");
+    let runs = doc["runs"].as_array().unwrap();
+    let counts: Vec<u64> = runs.iter().map(|r| r["comms"].as_u64().unwrap()).collect();
+    assert_eq!(counts, [1, 40], "{doc}");
+    for run in runs {
+        assert_eq!(run["verified"], true, "{run}");
+        assert_eq!(run["plugin"], plugin, "{run}");
+        assert_eq!(run["fds_per_pair"].as_f64(), Some(2.0), "{run}");
+        assert_eq!(run["threads_added"].as_f64(), Some(0.0), "{run}");
+        assert_eq!(run["pinned_kib_per_pair"].as_f64(), Some(0.0), "{run}");
+        assert_eq!(run["left_after_close"]["fds"].as_f64(), Some(0.0), "{run}");
+        for figure in ["setup_ms_per_comm", "rate_per_s"] {
+            assert!(run[figure].as_f64().unwrap() > 0.0, "{figure}: {run}");
+        }
+        let idle = numbers(&run["idle_cpu_percent"]);
+        assert!(idle.iter().all(|&c| (0.0..50.0).contains(&c)), "{run}");
+    }
+    let table = ["--plugin", plugin, "--dev", "fixture0", "--comms", "3"];
+    let (code, out, err) = bench_env(&table, &[]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("# plugin A: "), "{out}");
+    let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 2, "a header and one run:\n{out}");
+    assert!(rows[1].trim_start().starts_with("A      3"), "{out}");
+    assert!(rows[1].trim_end().ends_with("yes"), "{out}");
 }

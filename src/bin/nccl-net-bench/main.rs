@@ -21,6 +21,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 mod interleave;
+mod scale;
 
 use clap::{Parser, ValueEnum};
 use nccl_net::driver::{Driver, Handle, LoadOptions, Ptr, fill_pattern, rendezvous};
@@ -93,6 +94,18 @@ struct Options {
     /// --lat-iters or their defaults) are split over them, per plugin.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(2..=1000))]
     blocks: u32,
+    /// Scale mode instead of the sweep: for each N of the list, N comm pairs between the two
+    /// processes, connected in NCCL-like rounds, each moving one verified message; per comm the
+    /// setup time, memory, descriptors, threads, idle CPU and wake-ups, the 8-byte message rate
+    /// on one comm while all N are open, and the close time. With --interleave, the other
+    /// plugin runs each N too, right after this one.
+    #[arg(long, value_name = "N[,N...]", value_delimiter = ',',
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    comms: Option<Vec<u32>>,
+    /// Scale mode: connects (and accepts) in progress at once, as NCCL's connect rounds (128
+    /// peers per round by default).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pending: u32,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -915,6 +928,14 @@ fn run(o: &Options) -> Result<(), String> {
             }
             report.rows.iter().all(|r| r.verified != Some(false))
         }
+        Outcome::Scale(report) => {
+            if o.json {
+                report.print_json(o)
+            } else {
+                report.print_table(o)
+            }
+            report.runs.iter().all(|r| r.verified)
+        }
     };
     if !verified {
         return Err("data verification failed".into());
@@ -926,10 +947,14 @@ fn run(o: &Options) -> Result<(), String> {
 enum Outcome {
     Sweep(Report),
     Interleaved(interleave::Report),
+    Scale(scale::Report),
 }
 
 /// One rank's run: the sweep of one plugin, or with `--interleave` of two in alternating blocks.
 fn run_ranks(o: &Options, rank0: bool, ctl: Control) -> Result<Outcome, String> {
+    if let Some(counts) = &o.comms {
+        return scale::run_rank(o, counts, rank0, ctl).map(Outcome::Scale);
+    }
     match &o.interleave {
         Some(other) => interleave::run_rank(o, other, rank0, ctl).map(Outcome::Interleaved),
         None => run_rank(o, rank0, ctl).map(Outcome::Sweep),
