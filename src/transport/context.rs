@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::health::DeviceHealth;
 use super::mr::MrCache;
 use super::oob::{OobSettings, choose_oob_address};
-use super::watch::DeviceHealth;
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::core::repair::Cause;

@@ -10,6 +10,7 @@
 mod conn;
 mod context;
 mod failover;
+mod health;
 mod held;
 mod listen;
 mod mr;
@@ -23,6 +24,7 @@ mod wire_io;
 
 pub use conn::{ConnectionMemory, connection_memory, random_u64};
 pub use context::{DeviceContext, PortContext, oob_settings};
+pub use health::DeviceHealth;
 pub use held::flush_all as post_held;
 pub use listen::ListenComm;
 pub use mr::{MrCache, MrHandle};
@@ -30,4 +32,4 @@ pub use oob::{OobChoice, OobSettings, choose_oob_address};
 pub use profile::{EventHandle, Parent, QpEvent, Sink, install as install_profiler};
 pub use recv::{RECV_REQUESTS, RecvComm, Sizes};
 pub use send::{Connecting, SEND_REQUESTS, SendComm};
-pub use watch::{DeviceHealth, Tended};
+pub use watch::Tended;
