@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::time::{Duration, Instant};
 
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
@@ -310,7 +311,22 @@ unsafe fn borrow_token<'a>(ptr: *mut c_void) -> Result<&'a Token> {
 const CONNECT_MARKER: u64 = 0x4e4e_4f43_4249_5352; // "RSIBCONN"
 const MARKER_AT: usize = 96;
 
-static CONNECTS: Lazy<Mutex<HashMap<u64, Box<Connecting>>>> = Lazy::new(Mutex::default);
+/// The parked connects, by token, and when the next sweep for abandoned ones is due.
+struct Parked {
+    connects: HashMap<u64, Box<Connecting>>,
+    next_sweep: Instant,
+}
+
+/// How often parking a connect also sweeps out the abandoned ones: a sweep looks at every parked
+/// connect, and NCCL parks each of up to 128 (or more) connects of a round at every call.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+static CONNECTS: Lazy<Mutex<Parked>> = Lazy::new(|| {
+    Mutex::new(Parked {
+        connects: HashMap::new(),
+        next_sweep: Instant::now() + SWEEP_EVERY,
+    })
+});
 
 /// The connect in progress for this handle, or a new one.
 ///
@@ -327,7 +343,7 @@ pub(super) unsafe fn resume_connect(
     let token = u64::from_le_bytes(tail[8..].try_into().unwrap_or_default());
     tail.fill(0);
     if marker == CONNECT_MARKER
-        && let Some(state) = CONNECTS.lock().remove(&token)
+        && let Some(state) = CONNECTS.lock().connects.remove(&token)
     {
         return Ok(state);
     }
@@ -339,9 +355,14 @@ pub(super) unsafe fn resume_connect(
 /// # Safety
 /// As `resume_connect`.
 pub(super) unsafe fn park_connect(handle: *mut u8, state: Box<Connecting>) {
-    let mut table = CONNECTS.lock();
+    let mut parked = CONNECTS.lock();
     // Connects NCCL abandoned (never called again) go once their deadline is long past.
-    table.retain(|_, c| !c.abandoned());
+    let now = Instant::now();
+    if now >= parked.next_sweep {
+        parked.connects.retain(|_, c| !c.abandoned(now));
+        parked.next_sweep = now + SWEEP_EVERY;
+    }
+    let table = &mut parked.connects;
     let token = loop {
         let t = random_u64();
         if !table.contains_key(&t) {

@@ -81,6 +81,11 @@ impl DeviceContext {
         self.ports.iter().try_for_each(|p| p.health.check())
     }
 
+    /// Every member's device health, in member order.
+    pub(super) fn healths(&self) -> Vec<Arc<DeviceHealth>> {
+        self.ports.iter().map(|p| Arc::clone(&p.health)).collect()
+    }
+
     /// `"rxe1+rxe3"`: the members' names.
     pub fn name(&self) -> String {
         let names: Vec<&str> = self.ports.iter().map(|p| p.name()).collect();

@@ -3,6 +3,7 @@
 //! on the device reads at each call; port and GID changes and failed QPs are counted, for the
 //! comms with failover to look again, and logged once per event.
 
+use std::collections::HashSet;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,6 +33,9 @@ pub struct DeviceHealth {
     failed_qps: Mutex<FailedQps>,
     /// How many QPs it reported failed: a comm that saw another count looks at the list.
     qp_failures: AtomicU64,
+    /// The watcher's keys of the tended comms with lanes on this device: the ones its events
+    /// make due, found without a walk of every comm.
+    tended: Mutex<HashSet<u64>>,
 }
 
 /// The numbers of the latest QPs a device reported failed, [`FAILED_QPS`] at most, and how
@@ -82,6 +86,7 @@ impl DeviceHealth {
             port_events: AtomicU64::new(0),
             failed_qps: Mutex::default(),
             qp_failures: AtomicU64::new(0),
+            tended: Mutex::default(),
         });
         let key = Watcher::get()?.register(fd, Target::Device(Arc::clone(&health)))?;
         health.key.store(key, Ordering::Release);
@@ -158,6 +163,21 @@ impl DeviceHealth {
         )
     }
 
+    /// Index tended comm `key` as one with lanes on this device.
+    pub(super) fn track(&self, key: u64) {
+        self.tended.lock().insert(key);
+    }
+
+    /// Take tended comm `key` off the index (it closed).
+    pub(super) fn untrack(&self, key: u64) {
+        self.tended.lock().remove(&key);
+    }
+
+    /// The tended comms with lanes on this device.
+    pub(super) fn tracked(&self) -> Vec<u64> {
+        self.tended.lock().iter().copied().collect()
+    }
+
     /// Stop watching (the device is being closed).
     pub fn unwatch(&self) {
         if let Some(w) = WATCHER.get() {
@@ -165,9 +185,13 @@ impl DeviceHealth {
         }
     }
 
-    pub(super) fn on_readable(&self) {
+    /// Handle the events that arrived; whether any concerns the comms on the device (all but
+    /// the ones only logged).
+    pub(super) fn on_readable(&self) -> bool {
         let name = self.device.name();
+        let mut concerns_comms = false;
         while let Some(event) = self.device.next_async_event() {
+            concerns_comms |= !matches!(event, AsyncEvent::Other(_) | AsyncEvent::GidChange(_));
             match event {
                 AsyncEvent::DeviceFatal => {
                     if self.fail_on_fatal {
@@ -214,6 +238,7 @@ impl DeviceHealth {
                 AsyncEvent::Other(what) => tracing::debug!("NET/{PLUGIN_NAME}: {name}: {what}"),
             }
         }
+        concerns_comms
     }
 }
 

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use once_cell::sync::OnceCell;
@@ -17,6 +18,7 @@ use super::conn::{
     local_hello, path_params, quiet_receives,
 };
 use super::failover::{Failover, Repairing, log_failover};
+use super::health::DeviceHealth;
 use super::held::{self, PostQueue};
 use super::mr::MrHandle;
 use super::profile::{Events, Parent, QpEvent};
@@ -915,6 +917,14 @@ impl AnswerWrites {
 /// comm until it arrives (it waits on another comm, or outside the plugin). A repair must not
 /// wait for NCCL's next call either: the sender's lanes wait for it.
 impl Tend for RecvComm {
+    fn devices(&self) -> Vec<Arc<DeviceHealth>> {
+        self.ctx.healths()
+    }
+
+    fn link_key(&self) -> Option<&AtomicU64> {
+        self.link.as_ref().map(|w| w.link().tended_as())
+    }
+
     fn wants_tending(&self) -> bool {
         let st = self.state.lock();
         st.proto.layout().quiet || st.failover.is_some()

@@ -3,6 +3,7 @@
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -15,11 +16,12 @@ use super::conn::{
     describe_remote, failover_agreed, local_hello, quiet_receives, random_u64,
 };
 use super::failover::{Failover, Repairing, log_failover};
+use super::health::DeviceHealth;
 use super::held::Builder;
 use super::mr::MrHandle;
 use super::profile::{Events, Parent, QpEvent};
 use super::watch::{ClientProgress, Tend, Tended, Tick, Watched, busy_tick};
-use super::wire_io::HandshakeStream;
+use super::wire_io::{HandshakeStream, socket_error};
 use crate::core::config::MAX_FUSED_MEMBERS;
 use crate::core::config::Traffic;
 use crate::core::eager;
@@ -90,9 +92,9 @@ impl Connecting {
         }
     }
 
-    /// True when NCCL stopped calling this connect: its deadline passed a minute ago.
-    pub fn abandoned(&self) -> bool {
-        Instant::now() > self.deadline + Duration::from_secs(60)
+    /// True when NCCL stopped calling this connect: its deadline passed a minute before `now`.
+    pub fn abandoned(&self, now: Instant) -> bool {
+        now > self.deadline + Duration::from_secs(60)
     }
 
     /// Advance without blocking (beyond one short dial attempt); `Ok(Some)` when connected.
@@ -124,6 +126,9 @@ impl Connecting {
                     {
                         self.stage = Some(Stage::Dial);
                         return Ok(None);
+                    }
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                        return Err(socket_error(format!("cannot connect to peer {peer}"), e));
                     }
                     Err(e) => {
                         return Err(Error::new(
@@ -919,6 +924,14 @@ impl SendComm {
 /// no further call on it. A repair must not wait for NCCL's next call either: the receiver
 /// leads it and waits for this side's answers.
 impl Tend for SendComm {
+    fn devices(&self) -> Vec<Arc<DeviceHealth>> {
+        self.ctx.healths()
+    }
+
+    fn link_key(&self) -> Option<&AtomicU64> {
+        self.link.as_ref().map(|w| w.link().tended_as())
+    }
+
     fn wants_tending(&self) -> bool {
         self.layout.quiet || self.state.lock().failover.is_some()
     }

@@ -29,7 +29,7 @@
 //! The thread is started by the first registration and blocks in `epoll_wait` when idle. With
 //! `-z nodelete` the library is never unmapped under it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::ops::Deref;
@@ -89,7 +89,13 @@ pub(super) struct PeerLink {
     /// The comm has a repair under way: the watcher keeps ticking it even while its client is
     /// in a call (a healthy comm busy in one needs no tick: that call makes its progress).
     repairing: AtomicBool,
+    /// The tended comm this link is for ([`NOT_TENDED`] when none): what arrives on it makes
+    /// that comm due.
+    tended_as: AtomicU64,
 }
+
+/// [`PeerLink::tended_as`] of a comm the watcher does not tend (keys start at 1).
+const NOT_TENDED: u64 = 0;
 
 #[derive(Debug, Default)]
 struct Inbox {
@@ -163,7 +169,7 @@ impl PeerLink {
             && on
             && let Some(watcher) = WATCHER.get()
         {
-            watcher.wake.notify();
+            watcher.make_due(&[self.tended_as.load(Ordering::Acquire)]);
         }
     }
 
@@ -244,6 +250,11 @@ impl PeerLink {
             self.has_frames.store(true, Ordering::Release);
         }
         ok
+    }
+
+    /// Where the tended comm this link is for keeps its key (see [`Tend::link_key`]).
+    pub(super) fn tended_as(&self) -> &AtomicU64 {
+        &self.tended_as
     }
 
     /// Whether frames arrived that [`Self::frames`] has not taken yet.
@@ -332,6 +343,7 @@ impl Watched {
             inbox: Mutex::new(Inbox::default()),
             has_frames: AtomicBool::new(false),
             repairing: AtomicBool::new(false),
+            tended_as: AtomicU64::new(NOT_TENDED),
         });
         let key = Watcher::get()?.register(link.fd, Target::Link(Arc::clone(&link)))?;
         Ok(Self { link, key })
@@ -363,6 +375,11 @@ impl Drop for Watched {
 pub trait Tend: Send + Sync + 'static {
     /// Whether the comm may ever need tending (decided at connect).
     fn wants_tending(&self) -> bool;
+    /// The devices of its lanes (its members): their port events and failed QPs make it due.
+    fn devices(&self) -> Vec<Arc<DeviceHealth>>;
+    /// Where its out-of-band link keeps the comm's key ([`PeerLink::tended_as`]): what arrives
+    /// on the link (frames, the end) makes the comm due.
+    fn link_key(&self) -> Option<&AtomicU64>;
     /// Make the progress that is due; called by the watcher thread at every tick. Must not
     /// block: a comm busy in its client's call is left to that call.
     fn tend(&self) -> Tick;
@@ -453,14 +470,23 @@ pub struct Tended<C: Tend> {
     tending: Option<Tending>,
 }
 
-/// A comm's place in the watcher's tending list; dropping it takes the comm off.
+/// A comm's place in the watcher's registry and in its devices' indexes; dropping it takes the
+/// comm off both.
 #[derive(Debug)]
-struct Tending(u64);
+struct Tending {
+    key: u64,
+    devices: Vec<Arc<DeviceHealth>>,
+}
 
 impl Drop for Tending {
     fn drop(&mut self) {
+        for d in &self.devices {
+            d.untrack(self.key);
+        }
         if let Some(w) = WATCHER.get() {
-            w.tended.lock().remove(&self.0);
+            let mut registry = w.tended.lock();
+            registry.comms.remove(&self.key);
+            registry.ticking.remove(&self.key);
         }
     }
 }
@@ -476,18 +502,26 @@ impl<C: Tend> Tended<C> {
             let watcher = Watcher::get()?;
             let key = watcher.next_key.fetch_add(1, Ordering::Relaxed);
             let weak: Weak<C> = Arc::downgrade(&comm);
-            watcher.tended.lock().insert(key, weak);
-            // Its tick starts now, not at the next timeout.
-            watcher.wake.notify();
-            Some(Tending(key))
+            watcher.tended.lock().comms.insert(key, weak);
+            let devices = comm.devices();
+            for d in &devices {
+                d.track(key);
+            }
+            if let Some(slot) = comm.link_key() {
+                slot.store(key, Ordering::Release);
+            }
+            // Its first tick comes now, not at the next timeout.
+            watcher.make_due(&[key]);
+            Some(Tending { key, devices })
         } else {
             None
         };
         Ok(Self { comm, tending })
     }
 
-    /// The comm, off the tending list, once the watcher let go of it (a tick holds it for a
-    /// moment): closing it then frees its resources in the closing call.
+    /// The comm, off the tending list, once the watcher let go of it (a tick holds one comm at
+    /// a time, for the moment its tend takes): closing it then frees its resources in the
+    /// closing call.
     pub fn into_inner(self) -> C {
         let Self { mut comm, tending } = self;
         drop(tending);
@@ -531,10 +565,23 @@ pub(super) struct Watcher {
     epoll: Epoll,
     targets: Mutex<HashMap<u64, Target>>,
     next_key: AtomicU64,
-    /// Comms to tend at every tick.
-    tended: Mutex<HashMap<u64, Weak<dyn Tend>>>,
+    /// The comms that want tending, and which of them the next wake-up tends.
+    tended: Mutex<Registry>,
     /// Wakes the thread to recompute its timeout (watched under [`WAKE_KEY`]).
     wake: EventFd,
+}
+
+/// The tended comms. A wake-up tends those due and those ticking, never all: its work grows
+/// with what is due, not with how many comms exist.
+#[derive(Debug, Default)]
+struct Registry {
+    comms: HashMap<u64, Weak<dyn Tend>>,
+    /// Comms whose last tend asked for ticks (a quiet receive, a repair under way), tended at
+    /// every tick until one says [`Tick::Quiet`].
+    ticking: HashSet<u64>,
+    /// Comms an event concerns (new, a frame or the end of its link, a port event or a failed
+    /// QP on one of its devices, a repair started by its client), tended at the next wake-up.
+    due: Vec<u64>,
 }
 
 /// The epoll key of [`Watcher::wake`] (targets' keys start at 1).
@@ -601,20 +648,39 @@ impl Watcher {
         }
     }
 
-    /// Let every tended comm make its due progress (outside the list's lock: a comm that
-    /// closes meanwhile waits only for this tick); the most any comm asked for: no tick
-    /// ([`Tick::Quiet`]), ticks, or soon ([`Tick::ClientAway`]).
-    fn tend_all(&self) -> Tick {
-        let comms: Vec<Arc<dyn Tend>> = self
-            .tended
-            .lock()
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
+    /// Tend `keys` at the next wake-up (which this brings on).
+    pub(super) fn make_due(&self, keys: &[u64]) {
+        let keys = keys.iter().filter(|&&k| k != NOT_TENDED);
+        self.tended.lock().due.extend(keys);
+        self.wake.notify();
+    }
+
+    /// Let the comms due and ticking make their progress, one at a time and outside the
+    /// registry's lock (a comm that closes meanwhile waits only for its own tend); the most
+    /// any asked for: no tick ([`Tick::Quiet`]), ticks, or soon ([`Tick::ClientAway`]).
+    fn tend_due(&self) -> Tick {
+        let mut keys = {
+            let mut registry = self.tended.lock();
+            let mut keys = std::mem::take(&mut registry.due);
+            keys.extend(registry.ticking.iter().copied());
+            keys
+        };
+        keys.sort_unstable();
+        keys.dedup();
         let mut most = Tick::Quiet;
-        for comm in comms {
-            // Every comm is tended, whatever the others are.
-            most = most.max(comm.tend());
+        for key in keys {
+            let Some(comm) = self.tended.lock().comms.get(&key).and_then(Weak::upgrade) else {
+                continue;
+            };
+            let tick = comm.tend();
+            drop(comm);
+            let mut registry = self.tended.lock();
+            if tick == Tick::Quiet {
+                registry.ticking.remove(&key);
+            } else if registry.comms.contains_key(&key) {
+                registry.ticking.insert(key);
+            }
+            most = most.max(tick);
         }
         most
     }
@@ -622,8 +688,8 @@ impl Watcher {
     fn run(&self) {
         let mut keys = Vec::new();
         let mut tick = AWAY_TICK;
-        // What the tended comms asked for at the last tick (a comm tended for the first time
-        // wakes the thread, see `Tended::new`).
+        // What the tended comms asked for at the last tick (a comm that becomes due wakes the
+        // thread, see `make_due`).
         let mut wanted = Tick::Quiet;
         loop {
             let timeout = if held::any_registered() || wanted != Tick::Quiet {
@@ -638,7 +704,7 @@ impl Watcher {
             if waited.is_ok() {
                 self.handle(&keys);
             }
-            wanted = self.tend_all();
+            wanted = self.tend_due();
             tick = next_tick(tick, wanted == Tick::ClientAway);
             if let Err(e) = waited {
                 tracing::warn!("NET/{PLUGIN_NAME}: watcher: {e}");
@@ -663,8 +729,13 @@ impl Watcher {
                     if !link.on_readable() {
                         self.unregister(key);
                     }
+                    self.make_due(&[link.tended_as.load(Ordering::Acquire)]);
                 }
-                Target::Device(health) => health.on_readable(),
+                Target::Device(health) => {
+                    if health.on_readable() {
+                        self.make_due(&health.tracked());
+                    }
+                }
             }
         }
     }
@@ -673,6 +744,83 @@ impl Watcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A comm that counts its tends and always asks for `tick`.
+    struct Counted {
+        tends: Arc<AtomicU64>,
+        tick: Tick,
+    }
+
+    impl Tend for Counted {
+        fn wants_tending(&self) -> bool {
+            true
+        }
+        fn devices(&self) -> Vec<Arc<DeviceHealth>> {
+            Vec::new()
+        }
+        fn link_key(&self) -> Option<&AtomicU64> {
+            None
+        }
+        fn tend(&self) -> Tick {
+            self.tends.fetch_add(1, Ordering::AcqRel);
+            self.tick
+        }
+    }
+
+    fn eventually(what: &str, cond: impl Fn() -> bool) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < until, "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The watcher's work per wake-up follows what is due: a new comm is tended once, an event
+    /// tends the comm it concerns, a comm that asks for ticks gets them, and no wake-up (the
+    /// idle timeout's, another comm's ticks) walks the others.
+    #[test]
+    fn a_wake_up_tends_what_is_due_never_every_comm() {
+        let quiet = Arc::new(AtomicU64::new(0));
+        let comms: Vec<Tended<Counted>> = (0..200)
+            .map(|_| {
+                let tends = Arc::clone(&quiet);
+                Tended::new(Counted {
+                    tends,
+                    tick: Tick::Quiet,
+                })
+                .unwrap()
+            })
+            .collect();
+        let count = || quiet.load(Ordering::Acquire);
+        eventually("each new comm is tended once", || count() == 200);
+        // Past the idle timeout's wake-up (1 s).
+        std::thread::sleep(Duration::from_millis(1200));
+        assert_eq!(count(), 200, "an idle wake-up tends nobody");
+        let key = comms[7].tending.as_ref().unwrap().key;
+        Watcher::get().unwrap().make_due(&[key]);
+        eventually("the comm made due is tended", || count() == 201);
+        let ticks = Arc::new(AtomicU64::new(0));
+        let ticking = Tended::new(Counted {
+            tends: Arc::clone(&ticks),
+            tick: Tick::Idle,
+        })
+        .unwrap();
+        eventually("a comm that asks for ticks gets them", || {
+            ticks.load(Ordering::Acquire) >= 4
+        });
+        assert_eq!(count(), 201, "the ticks of one comm tend no other");
+        drop(ticking.into_inner());
+        let after = ticks.load(Ordering::Acquire);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            ticks.load(Ordering::Acquire) <= after + 1,
+            "a closed comm is off the ticks"
+        );
+        for c in comms {
+            drop(c.into_inner());
+        }
+        assert!(Watcher::get().unwrap().tended.lock().comms.is_empty());
+    }
 
     #[test]
     fn ticks_stretch_while_clients_poll_and_shrink_when_one_is_away() {
