@@ -16,8 +16,14 @@ static DEVICE: RwLock<()> = RwLock::new(());
 /// suite.
 fn bench(args: &[&str]) -> (bool, String, String) {
     let _shared = DEVICE.read().unwrap_or_else(PoisonError::into_inner);
+    run_bench(args, 300)
+}
+
+/// The benchmark with `args`, killed after `seconds`; the caller holds [`DEVICE`].
+fn run_bench(args: &[&str], seconds: u32) -> (bool, String, String) {
     let out = Command::new("timeout")
-        .args(["300", env!("CARGO_BIN_EXE_nccl-net-bench")])
+        .arg(seconds.to_string())
+        .arg(env!("CARGO_BIN_EXE_nccl-net-bench"))
         .args(args)
         .output()
         .unwrap();
@@ -434,5 +440,79 @@ fn this_plugin_interleaved_with_its_copy_moves_verified_data() {
             assert!(row["lat_us"][side].as_f64().unwrap() > 0.0, "{row}");
             assert!(row["bw_mb_per_s"][side].as_f64().unwrap() > 0.0, "{row}");
         }
+    }
+}
+
+/// A thousand comm pairs between two processes, connected in NCCL's rounds of 128 and idle
+/// together (`--comms`): every comm moves verified data; each pair holds its two QPs, two CQs,
+/// four ring registrations and one descriptor per process and pins exactly what the doctor's
+/// memlock estimate counts (`connection_memory`, the same sizes); idle, the processes barely
+/// wake; after the close fds, verbs objects and pinned memory are back at their counts.
+#[test]
+fn a_thousand_comms_move_verified_data_cost_what_the_estimate_says_and_give_it_all_back() {
+    use nccl_net::core::config::Config;
+    use nccl_net::core::queues::QueueMemory;
+    use nccl_net::transport::connection_memory;
+
+    let _alone = DEVICE.write().unwrap_or_else(PoisonError::into_inner);
+    let plugin = support::plugin_path();
+    let args = [
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--dev",
+        "rxe0",
+        // The first run opens the device (its fds, PD and the watcher thread stay for the
+        // process): the second is measured.
+        "--comms",
+        "1,1000",
+        "--json",
+    ];
+    let (ok, stdout, stderr) = run_bench(&args, 900);
+    assert!(
+        ok,
+        "benchmark failed (a hang is killed after 900 s):\n{stdout}\n{stderr}"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let run = &doc["runs"][1];
+    let figure = |path: &[&str]| {
+        path.iter()
+            .fold(run, |v, k| &v[*k])
+            .as_f64()
+            .unwrap_or_else(|| panic!("{path:?} missing: {run}"))
+    };
+    assert_eq!(run["comms"], 1000, "{run}");
+    assert_eq!(run["verified"], true, "{run}");
+    for (kind, per_pair) in [("qp", 2.0), ("cq", 2.0), ("mr", 4.0)] {
+        assert_eq!(figure(&["verbs_per_pair", kind]), per_pair, "{kind}: {run}");
+    }
+    assert_eq!(
+        figure(&["fds_per_pair"]),
+        2.0,
+        "one TCP connection per comm: {run}"
+    );
+    let estimate = connection_memory(&Config::default(), 1, QueueMemory::Kernel).pinned();
+    let pinned = figure(&["pinned_kib_per_pair"]) * 1024.0;
+    assert!(
+        (pinned - estimate as f64).abs() <= 0.1 * estimate as f64,
+        "VmPin rose {pinned} bytes per pair, the estimate says {estimate}: {run}"
+    );
+    for rank in 0..2 {
+        let cpu = run["idle_cpu_percent"][rank].as_f64().unwrap();
+        let wakeups = run["idle_wakeups_per_s"][rank].as_f64().unwrap();
+        assert!(
+            cpu < 2.0,
+            "rank {rank} used {cpu}% of a core with every comm idle: {run}"
+        );
+        assert!(
+            wakeups < 20.0,
+            "rank {rank} woke {wakeups} times a second, idle: {run}"
+        );
+    }
+    for kind in ["fds", "pd", "cq", "qp", "mr", "pinned_kib", "threads"] {
+        assert_eq!(
+            figure(&["left_after_close", kind]),
+            0.0,
+            "{kind} left: {run}"
+        );
     }
 }

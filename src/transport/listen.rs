@@ -23,7 +23,7 @@ use super::conn::random_u64;
 use super::recv::RecvComm;
 use super::watch::Tended;
 use super::watch::Watched;
-use super::wire_io::HandshakeStream;
+use super::wire_io::{HandshakeStream, socket_error};
 use crate::core::error::{Error, Kind, Result};
 use crate::core::wire::{Hello, ListenHandle};
 
@@ -81,7 +81,7 @@ impl ListenComm {
         let bind = SocketAddr::new(ctx.oob_ip(), 0);
         let listener = TcpListener::bind(bind)
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .map_err(|e| Error::system(format!("cannot listen on {bind}"), e))?;
+            .map_err(|e| socket_error(format!("cannot listen on {bind}"), e))?;
         let addr = listener
             .local_addr()
             .map_err(|e| Error::system("getsockname on the listener", e))?;
@@ -182,7 +182,7 @@ impl ListenComm {
                 // The connection died in the backlog (reset before we took it): not our problem.
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => {}
                 Err(e) => {
-                    return Err(Error::system(format!("accept on {}", self.handle.addr), e));
+                    return Err(socket_error(format!("accept on {}", self.handle.addr), e));
                 }
             }
         }

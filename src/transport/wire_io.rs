@@ -20,6 +20,45 @@ fn remote(what: String) -> Error {
     Error::new(Kind::Remote, what)
 }
 
+/// `System` error for socket call `what` that failed with `e`. When `e` is the process's
+/// open-file limit (EMFILE) or the system's (ENFILE), the message names the limit, what holds
+/// descriptors, and how to raise it: every comm keeps one TCP connection to its peer for its
+/// lifetime, and a listen comm one socket until it is closed.
+pub(super) fn socket_error(what: impl Into<String>, e: std::io::Error) -> Error {
+    let what = what.into();
+    match e.raw_os_error() {
+        Some(libc::EMFILE) => {
+            let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+            let limit = open_files_limit(&limits).unwrap_or_else(|| "unknown".into());
+            Error::system(
+                format!(
+                    "{what}: the process reached its open-file limit (RLIMIT_NOFILE {limit}): \
+                     every comm keeps one TCP connection to its peer and every listen comm one \
+                     socket; NCCL raises the soft limit to the hard one when it starts, so raise \
+                     the hard limit where the job starts (ulimit -Hn, systemd LimitNOFILE=, \
+                     docker --ulimit nofile=N:N)"
+                ),
+                e,
+            )
+        }
+        Some(libc::ENFILE) => Error::system(
+            format!(
+                "{what}: the system's open-file table is full (fs.file-max, \
+                 /proc/sys/fs/file-nr): raise fs.file-max with sysctl"
+            ),
+            e,
+        ),
+        _ => Error::system(what, e),
+    }
+}
+
+/// `"soft 1024, hard 4096"` from `/proc/self/limits`' "Max open files" line.
+fn open_files_limit(limits: &str) -> Option<String> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut values = line["Max open files".len()..].split_whitespace();
+    Some(format!("soft {}, hard {}", values.next()?, values.next()?))
+}
+
 impl HandshakeStream {
     pub(super) fn new(stream: TcpStream, peer: SocketAddr, deadline: Instant) -> Result<Self> {
         stream
@@ -112,5 +151,35 @@ impl HandshakeStream {
             }
         }
         Ok(Some(self.inbox.drain(..len).collect()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_open_file_limit_is_named_with_both_values_and_how_to_raise_it() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
+                      Max open files            1024                 524288               files\n";
+        assert_eq!(
+            open_files_limit(limits).as_deref(),
+            Some("soft 1024, hard 524288")
+        );
+        let e = socket_error(
+            "accept on 10.0.0.1:5000",
+            std::io::Error::from_raw_os_error(libc::EMFILE),
+        );
+        let text = e.to_string();
+        for needle in [
+            "accept on 10.0.0.1:5000",
+            "RLIMIT_NOFILE soft ",
+            "ulimit -Hn",
+            "LimitNOFILE",
+        ] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+        let other = socket_error("bind", std::io::Error::from_raw_os_error(libc::EADDRINUSE));
+        assert!(!other.to_string().contains("RLIMIT"), "{other}");
     }
 }

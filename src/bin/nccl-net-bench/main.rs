@@ -304,6 +304,22 @@ fn cpu_seconds() -> f64 {
     t(ru.ru_utime) + t(ru.ru_stime)
 }
 
+/// Raise the open-file soft limit to the hard one, as NCCL does when it starts
+/// (`ncclOsSetFilesLimit`): a plugin keeps descriptors per comm, and `--comms` opens thousands.
+#[allow(unsafe_code)] // getrlimit and setrlimit on a local struct
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out-pointer to a local rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: a valid pointer to a local rlimit; failing leaves the limit as it was.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+    }
+}
+
 /// The rendezvous stream: handles, barriers and rank 1's numbers.
 struct Control(TcpStream);
 
@@ -967,6 +983,7 @@ fn main() {
         eprintln!("nccl-net-bench: {e}");
         std::process::exit(2);
     });
+    raise_open_file_limit();
     if let Err(e) = run(&options) {
         eprintln!("nccl-net-bench: {e}");
         std::process::exit(1);
