@@ -410,3 +410,17 @@ fn a_full_send_queue_refuses_the_rest_of_a_chain_and_the_chain_keeps_it() {
     assert!(matches!(one, Err(PostRefused::Full)), "{one:?}");
     drop(qp);
 }
+
+/// The GID table as one verbs query (`Device::gid_table`, what a port's context reads when it
+/// opens) says what sysfs says, entry by entry: index, GID, RoCE version, interface.
+#[test]
+fn the_gid_table_query_matches_sysfs() {
+    require_rxe_devices();
+    let sysfs = nccl_net::topology::SysfsRoot::new("/sys");
+    for dev in ["rxe0", "rxe1", "rxe2"] {
+        let device = Device::open(dev).unwrap();
+        let queried = device.gid_table(1).unwrap();
+        assert!(!queried.is_empty(), "{dev}: no GIDs");
+        assert_eq!(queried, sysfs.port_gids(dev, 1), "{dev}");
+    }
+}

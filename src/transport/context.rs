@@ -271,7 +271,7 @@ impl PortContext {
         let pd = ProtectionDomain::new(&device)?;
         let port = device.port_state(net.port)?;
         let where_ = format!("{}:{}", net.device, net.port);
-        let (gid, shortfalls, outside_range) = port_gid(net, config, sysfs)?;
+        let (gid, shortfalls, outside_range) = port_gid(&device, net, config, sysfs)?;
         let pkey = match config.pkey_index {
             Some(index) => {
                 let key =
@@ -339,7 +339,7 @@ impl PortContext {
         if chosen.changes_seen != changes {
             chosen.changes_seen = changes;
             let where_ = format!("{}:{}", self.net.device, self.net.port);
-            match port_gid(&self.net, config, &self.sysfs) {
+            match port_gid(&self.device, &self.net, config, &self.sysfs) {
                 Ok((entry, ..)) if entry == chosen.entry => {}
                 Ok((entry, ..)) => {
                     tracing::info!(
@@ -392,13 +392,17 @@ struct ChosenGid {
 }
 
 /// The GID `net`'s QPs use, the preferences it misses (for the port's log line), and whether it
-/// lies outside the `NCCL_IB_ADDR_RANGE` the user named.
+/// lies outside the `NCCL_IB_ADDR_RANGE` the user named. The table comes from one verbs query
+/// of `device`, or from sysfs where that query is missing.
 fn port_gid(
+    device: &Device,
     net: &NetDevice,
     config: &Config,
     sysfs: &SysfsRoot,
 ) -> Result<(GidEntry, Vec<String>, bool)> {
-    let gids = sysfs.port_gids(&net.device, net.port);
+    let gids = device
+        .gid_table(net.port)
+        .unwrap_or_else(|_| sysfs.port_gids(&net.device, net.port));
     if net.link_layer != LinkLayer::Ethernet {
         let gid = select_ib_gid(&gids, config.routable_flid_gid_index);
         return Ok((gid, Vec::new(), false));
