@@ -619,6 +619,7 @@ fn quotes_someone_else(span: &str) -> bool {
 const OTHERS_WORDS: &[&str] = &[
     "transport retry counter exceeded",
     "Cannot allocate memory",
+    "Too many open files",
     "Function not implemented",
     "connection timed out",
     "Loaded net plugin RsIB",

@@ -98,7 +98,7 @@ struct Options {
     /// processes, connected in NCCL-like rounds, each moving one verified message; per comm the
     /// setup time, memory, descriptors, threads, idle CPU and wake-ups, the 8-byte message rate
     /// on one comm while all N are open, and the close time. With --interleave, the other
-    /// plugin runs each N too, right after this one.
+    /// plugin runs each N too, the two taking turns to go first.
     #[arg(long, value_name = "N[,N...]", value_delimiter = ',',
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     comms: Option<Vec<u32>>,
@@ -416,8 +416,8 @@ fn device_index(net: &Driver, dev: &str) -> Result<i32, String> {
     })
 }
 
-/// Load `plugin`, connect to the peer's instance of it both ways and register the buffers.
-fn setup(o: &Options, plugin: &Path, ctl: &mut Control) -> Result<Endpoint, String> {
+/// Load `plugin` (at `--abi`, with a logger, as NCCL does) and find `--dev` in it.
+fn load(o: &Options, plugin: &Path) -> Result<(Driver, i32), String> {
     let net = Driver::load(
         plugin,
         LoadOptions {
@@ -426,6 +426,12 @@ fn setup(o: &Options, plugin: &Path, ctl: &mut Control) -> Result<Endpoint, Stri
         },
     )?;
     let dev = device_index(&net, &o.dev)?;
+    Ok((net, dev))
+}
+
+/// Load `plugin`, connect to the peer's instance of it both ways and register the buffers.
+fn setup(o: &Options, plugin: &Path, ctl: &mut Control) -> Result<Endpoint, String> {
+    let (net, dev) = load(o, plugin)?;
     let info = net
         .device(dev)
         .map_err(|rc| format!("getProperties failed: ncclResult {rc}"))?;

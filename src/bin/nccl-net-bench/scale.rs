@@ -7,17 +7,16 @@
 //! tables, RSS, pinned and locked pages), descriptors, threads and verbs objects (`rdma
 //! resource`, where the tool is installed), CPU and wake-ups with all N idle, the 8-byte message
 //! rate on one comm while all are open, the time to close them all, and what is left after the
-//! close. With `--interleave`, the other plugin runs each N right after this one, in the same
-//! two processes.
+//! close. With `--interleave`, the other plugin runs each N too, in the same two processes, the
+//! two taking turns to go first.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nccl_net::driver::{Driver, Handle, LoadOptions, Ptr, fill_pattern, pattern};
+use nccl_net::driver::{Driver, Handle, Ptr, fill_pattern, pattern};
 use serde_json::json;
 
-use super::{Control, Options, cpu_seconds, deadline, device_index};
+use super::{Control, Options, cpu_seconds, deadline, load};
 
 /// Bytes of the message each comm moves once, verified.
 const CHECK_BYTES: usize = 64;
@@ -50,14 +49,7 @@ impl Usage {
             libc::malloc_trim(0)
         };
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(f64::NAN)
-        };
+        let field = |name: &str| number_after(&status, name);
         let fds = std::fs::read_dir("/proc/self/fd").map_or(f64::NAN, |d| d.count() as f64);
         let verbs = verbs_objects();
         Self([
@@ -153,15 +145,17 @@ fn kernel_kib() -> f64 {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     ["Slab:", "VmallocUsed:", "PageTables:"]
         .iter()
-        .map(|name| {
-            meminfo
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(f64::NAN)
-        })
+        .map(|name| number_after(&meminfo, name))
         .sum()
+}
+
+/// The number after `name` on its line of a `/proc` file (`VmRSS:   1234 kB`); NaN when absent.
+fn number_after(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(f64::NAN)
 }
 
 /// One plugin at one N, as rank 0 reports it: both processes' usage before, with every comm
@@ -267,8 +261,16 @@ pub(super) fn run_rank(
         .map(|p| load(o, p))
         .collect::<Result<Vec<_>, String>>()?;
     let mut runs = Vec::new();
-    for &n in counts {
-        for (p, (net, dev)) in nets.iter().enumerate() {
+    for (i, &n) in counts.iter().enumerate() {
+        // Alternate which plugin goes first (A B, B A, ...): the first of a pair meets the
+        // kernel's caches cold and leaves them grown for the second.
+        let mut order: Vec<usize> = (0..nets.len()).collect();
+        if i % 2 == 1 {
+            order.reverse();
+        }
+        let first = runs.len();
+        for p in order {
+            let (net, dev) = &nets[p];
             if rank0 && !o.json {
                 eprint!("\r{} comms, {} ...          ", n, paths[p].display());
             }
@@ -279,6 +281,8 @@ pub(super) fn run_rank(
                 runs.push(run);
             }
         }
+        // Reported A first, whichever ran first.
+        runs[first..].sort_by_key(|r| r.plugin);
     }
     if rank0 && !o.json {
         eprint!("\r{:60}\r", "");
@@ -288,18 +292,6 @@ pub(super) fn run_rank(
         names: nets.iter().map(|(n, _)| n.name()).collect(),
         runs,
     })
-}
-
-fn load(o: &Options, plugin: &Path) -> Result<(Driver, i32), String> {
-    let net = Driver::load(
-        plugin,
-        LoadOptions {
-            version: o.abi,
-            ..LoadOptions::default()
-        },
-    )?;
-    let dev = device_index(&net, &o.dev)?;
-    Ok((net, dev))
 }
 
 fn failed(call: &str) -> impl Fn(i32) -> String + '_ {
