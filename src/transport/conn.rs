@@ -132,13 +132,34 @@ fn cq_entries(caps: QpCaps, lanes: u32, extra: u32) -> u32 {
     (caps.max_send_wr + caps.max_recv_wr) * lanes + extra + 16
 }
 
+/// The lanes of a connection of `lanes` over `members` members whose completions member `m`'s
+/// CQ may take: those on it (lane `i` lives on member `i % members`), or, where failover may
+/// move any lane to any member (`movable`), every lane.
+fn lanes_on_cq(m: usize, lanes: usize, members: usize, movable: bool) -> u32 {
+    let n = if movable {
+        lanes
+    } else {
+        (m..lanes).step_by(members.max(1)).count()
+    };
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Room a receive comm's CQs keep for the reads of its flush QPs (built at its first `iflush`).
+pub(super) fn flush_cq_room(config: &Config) -> u32 {
+    if config.flush_enabled {
+        FLUSH_QP_CAPS.max_send_wr
+    } else {
+        0
+    }
+}
+
 /// [`ConnectionMemory`] of a connection on a device of `members` ports whose provider keeps
 /// queues as `memory` says. A receive comm's flush QPs and scratch, built at its first `iflush`
 /// (receives into GPU memory), and NCCL's own staging buffers come on top.
 pub fn connection_memory(config: &Config, members: usize, memory: QueueMemory) -> ConnectionMemory {
     let region = |bytes: usize| (bytes as u64).div_ceil(PAGE) * PAGE;
-    let lanes = members as u32 * config.qps_per_connection;
-    let bounce = eager::ring_bytes(agreed_eager_bytes(config, lanes as usize, u64::MAX));
+    let lanes = members * config.qps_per_connection as usize;
+    let bounce = eager::ring_bytes(agreed_eager_bytes(config, lanes, u64::MAX));
     // With quiet receives, the sender's staging ring for eager payloads matches the bounce ring.
     let eager_staging = if config.quiet {
         region(bounce as usize)
@@ -147,26 +168,14 @@ pub fn connection_memory(config: &Config, members: usize, memory: QueueMemory) -
     };
     let send_rings = region(CTS_REGION_BYTES) + region(STAGING_BYTES) + eager_staging;
     let recv_rings = region(SIZES_RING_BYTES + bounce as usize) + region(CTS_STAGING_REGION_BYTES);
-    // Lanes on each member's CQ: every lane where failover may move them there.
-    let lanes_per_cq = |m: u32| {
-        if config.port_failover {
-            lanes
-        } else {
-            (m..lanes).step_by(members).count() as u32
-        }
-    };
-    let flush_wrs = if config.flush_enabled {
-        SLOTS as u32
-    } else {
-        0
-    };
-    let cqs: u64 = (0..members as u32)
+    let cqs: u64 = (0..members)
         .map(|m| {
-            memory.cq_bytes(cq_entries(SEND_QP_CAPS, lanes_per_cq(m), 0))
-                + memory.cq_bytes(cq_entries(RECV_QP_CAPS, lanes_per_cq(m), flush_wrs))
+            let here = lanes_on_cq(m, lanes, members, config.port_failover);
+            memory.cq_bytes(cq_entries(SEND_QP_CAPS, here, 0))
+                + memory.cq_bytes(cq_entries(RECV_QP_CAPS, here, flush_cq_room(config)))
         })
         .sum();
-    let qps = u64::from(lanes) * (memory.qp_bytes(SEND_QP_CAPS) + memory.qp_bytes(RECV_QP_CAPS));
+    let qps = lanes as u64 * (memory.qp_bytes(SEND_QP_CAPS) + memory.qp_bytes(RECV_QP_CAPS));
     ConnectionMemory {
         registered: members as u64 * (send_rings + recv_rings),
         queues: qps + cqs,
@@ -327,12 +336,8 @@ impl QpSet {
             .iter()
             .enumerate()
             .map(|(m, port)| {
-                let qps_here = if movable {
-                    n as u32
-                } else {
-                    (m..n).step_by(members).count() as u32
-                };
-                CompletionQueue::new(&port.device, cq_entries(caps, qps_here, extra))
+                let here = lanes_on_cq(m, n, members, movable);
+                CompletionQueue::new(&port.device, cq_entries(caps, here, extra))
             })
             .collect::<Result<Vec<_>>>()?;
         let mut set = Self {

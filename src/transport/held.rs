@@ -269,13 +269,9 @@ impl PostQueue {
         {
             return self.queue.chain.lock().failed.check();
         }
-        let mut chain = self.queue.chain.lock();
-        chain.failed.check()?;
-        self.queue.post(&mut chain)
+        self.post_chain()
     }
-}
 
-impl PostQueue {
     /// Post what waits for room in the send queue, as far as there is room now (requests
     /// held for a batch behind them go too).
     ///
@@ -286,12 +282,13 @@ impl PostQueue {
         if !self.queue.backlog.load(Ordering::Acquire) {
             return Ok(());
         }
-        self.post_backlog()
+        self.post_chain()
     }
 
+    /// Post the chain and what waits behind it, unless an earlier post for it failed.
     #[cold]
     #[inline(never)]
-    fn post_backlog(&self) -> Result<()> {
+    fn post_chain(&self) -> Result<()> {
         let mut chain = self.queue.chain.lock();
         chain.failed.check()?;
         self.queue.post(&mut chain)

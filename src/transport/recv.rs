@@ -15,7 +15,7 @@ use super::conn::{
     FLUSH_QP_CAPS, Failure, Nonces, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES, SIZES_SLOT_BYTES,
     WR_CTS, WR_DRAIN, WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, check_alive,
     check_peer, completion_error, describe_eager, describe_local, describe_remote, failover_agreed,
-    local_hello, path_params, quiet_receives,
+    flush_cq_room, local_hello, path_params, quiet_receives,
 };
 use super::failover::{Failover, Repairing, log_failover};
 use super::health::DeviceHealth;
@@ -172,17 +172,12 @@ impl RecvComm {
     ) -> Result<(Self, Hello)> {
         let gids = ctx.current_gids();
         check_peer(ctx, &gids, remote, peer)?;
-        let flush_wrs = if ctx.config.flush_enabled {
-            SLOTS as u32
-        } else {
-            0
-        };
         let qps = QpSet::new(
             ctx,
             gids,
             (remote.qpns.len(), remote.members.len()),
             (RECV_QP_CAPS, Access::REMOTE_WRITE.with(Access::REMOTE_READ)),
-            flush_wrs,
+            flush_cq_room(&ctx.config),
             (ctx.config.batch, ctx.config.port_failover),
         )?;
         // The sender chose traffic class and service level; the CTS direction uses the same,

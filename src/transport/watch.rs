@@ -648,9 +648,13 @@ impl Watcher {
         }
     }
 
-    /// Tend `keys` at the next wake-up (which this brings on).
+    /// Tend `keys` at the next wake-up (which this brings on when any is a tended comm's).
     pub(super) fn make_due(&self, keys: &[u64]) {
-        let keys = keys.iter().filter(|&&k| k != NOT_TENDED);
+        let mut keys = keys.iter().filter(|&&k| k != NOT_TENDED).peekable();
+        if keys.peek().is_none() {
+            // A link or device no tended comm uses: nothing to wake for.
+            return;
+        }
         self.tended.lock().due.extend(keys);
         self.wake.notify();
     }
