@@ -645,13 +645,14 @@ impl NodeFacts {
             .devices
             .iter()
             .any(|d| d.memory.cuda || d.memory.dmabuf);
-        let buffsize = effective
-            .value("NCCL_BUFFSIZE")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(NCCL_DEFAULT_BUFFSIZE);
-        let channels = effective
-            .value("NCCL_NCHANNELS_PER_NET_PEER")
-            .and_then(|v| v.trim().parse::<u64>().ok())
+        // NCCL's integer variables, as set (the environment or its configuration files).
+        let number = |name| {
+            effective
+                .value(name)
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        let buffsize = number("NCCL_BUFFSIZE").unwrap_or(NCCL_DEFAULT_BUFFSIZE);
+        let channels = number("NCCL_NCHANNELS_PER_NET_PEER")
             .filter(|&c| c > 0)
             .unwrap_or(NCCL_DEFAULT_CHANNELS_PER_NET_PEER);
         let (connections, peers) = match expected {

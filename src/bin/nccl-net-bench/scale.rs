@@ -29,14 +29,14 @@ const RATE_WINDOW: usize = 8;
 /// last write or its own thread's tick).
 const SETTLE: Duration = Duration::from_secs(1);
 /// The resources one process's measurement counts, in this order.
-const FIELDS: [&str; 11] = [
-    "rss_kib", "pin_kib", "lck_kib", "fds", "threads", "cpu_s", "switches", "pd", "cq", "qp", "mr",
+const FIELDS: [&str; 9] = [
+    "rss_kib", "pin_kib", "lck_kib", "fds", "threads", "pd", "cq", "qp", "mr",
 ];
 
 /// One process's resources at a moment (see [`FIELDS`]); verbs objects are NaN without the
 /// `rdma` tool.
 #[derive(Copy, Clone, Debug)]
-struct Usage([f64; 11]);
+struct Usage([f64; 9]);
 
 impl Usage {
     /// The usage now, after handing the allocator's free pages back to the kernel: memory a
@@ -58,8 +58,6 @@ impl Usage {
             field("VmLck:"),
             fds,
             field("Threads:"),
-            cpu_seconds(),
-            context_switches(),
             verbs[0],
             verbs[1],
             verbs[2],
@@ -74,28 +72,12 @@ impl Usage {
             .map_or(f64::NAN, |i| self.0[i])
     }
 
-    fn minus(&self, earlier: &Self) -> Self {
-        let mut d = self.0;
-        for (x, e) in d.iter_mut().zip(earlier.0) {
-            *x -= e;
-        }
-        Self(d)
-    }
-
-    fn plus(&self, other: &Self) -> Self {
-        let mut d = self.0;
-        for (x, o) in d.iter_mut().zip(other.0) {
-            *x += o;
-        }
-        Self(d)
-    }
-
     fn send(&self, ctl: &mut Control) -> Result<(), String> {
         self.0.iter().try_for_each(|x| ctl.send_f64(*x))
     }
 
     fn recv(ctl: &mut Control) -> Result<Self, String> {
-        let mut v = [0.0; 11];
+        let mut v = [0.0; 9];
         for x in &mut v {
             *x = ctl.recv_f64()?;
         }
@@ -171,18 +153,23 @@ pub(super) struct Run {
     /// Rank 0 then rank 1.
     before: [Usage; 2],
     open: [Usage; 2],
-    idle: [Usage; 2],
+    /// CPU seconds and context switches of the idle sleep.
+    idle: [(f64, f64); 2],
     after: [Usage; 2],
     kernel: [f64; 3],
 }
 
 impl Run {
-    /// `name`'s rise from before the setup to `at`, both processes, per comm pair.
+    /// `name`'s rise from before the setup to `at`, both processes together.
+    fn rise(&self, at: &[Usage; 2], name: &str) -> f64 {
+        (0..2)
+            .map(|r| at[r].get(name) - self.before[r].get(name))
+            .sum()
+    }
+
+    /// [`Self::rise`] per comm pair.
     fn per_pair(&self, at: &[Usage; 2], name: &str) -> f64 {
-        let rise = at[0]
-            .minus(&self.before[0])
-            .plus(&at[1].minus(&self.before[1]));
-        rise.get(name) / self.comms as f64
+        self.rise(at, name) / self.comms as f64
     }
 
     fn kernel_per_pair(&self) -> f64 {
@@ -191,14 +178,14 @@ impl Run {
 
     /// CPU share of one core and wake-ups per second of rank `r` while idle.
     fn idle_of(&self, r: usize) -> (f64, f64) {
-        let d = self.idle[r].minus(&self.open[r]);
+        let (cpu, switches) = self.idle[r];
         let s = IDLE.as_secs_f64();
-        (100.0 * d.get("cpu_s") / s, d.get("switches") / s)
+        (100.0 * cpu / s, switches / s)
     }
 
     /// What is left after the close, both processes: `name` against before the setup.
     fn left(&self, name: &str) -> f64 {
-        self.per_pair(&self.after, name) * self.comms as f64
+        self.rise(&self.after, name)
     }
 
     fn json(&self, paths: &[String]) -> serde_json::Value {
@@ -215,7 +202,7 @@ impl Run {
             "pinned_kib_per_pair": self.per_pair(&self.open, "pin_kib"),
             "locked_kib_per_pair": self.per_pair(&self.open, "lck_kib"),
             "fds_per_pair": self.per_pair(&self.open, "fds"),
-            "threads_added": self.per_pair(&self.open, "threads") * self.comms as f64,
+            "threads_added": self.rise(&self.open, "threads"),
             "verbs_per_pair": {
                 "pd": self.per_pair(&self.open, "pd"),
                 "cq": self.per_pair(&self.open, "cq"),
@@ -322,9 +309,7 @@ fn run_one(
     // Only the sleep: the snapshots' own work (reading /proc, running `rdma`) stays out.
     let quiet = (cpu_seconds(), context_switches());
     std::thread::sleep(IDLE);
-    let mut idle = open;
-    idle.0[5] = open.0[5] + cpu_seconds() - quiet.0;
-    idle.0[6] = open.0[6] + context_switches() - quiet.1;
+    let idle = (cpu_seconds() - quiet.0, context_switches() - quiet.1);
     ctl.barrier()?;
     let rate = message_rate(net, comms[n - 1], rank0)?;
     ctl.barrier()?;
@@ -343,16 +328,19 @@ fn run_one(
     let after = Usage::now();
     let kernel_after = kernel_kib();
     if !rank0 {
-        for u in [before, open, idle, after] {
+        for u in [before, open, after] {
             u.send(ctl)?;
         }
+        ctl.send_f64(idle.0)?;
+        ctl.send_f64(idle.1)?;
         ctl.send(&[u8::from(verified)])?;
         return Ok(None);
     }
-    let mut peer = [before; 4];
+    let mut peer = [before; 3];
     for u in &mut peer {
         *u = Usage::recv(ctl)?;
     }
+    let peer_idle = (ctl.recv_f64()?, ctl.recv_f64()?);
     let peer_verified = ctl.recv::<1>()?[0] == 1;
     Ok(Some(Run {
         plugin: 0,
@@ -363,8 +351,8 @@ fn run_one(
         verified: verified && peer_verified,
         before: [before, peer[0]],
         open: [open, peer[1]],
-        idle: [idle, peer[2]],
-        after: [after, peer[3]],
+        idle: [idle, peer_idle],
+        after: [after, peer[2]],
         kernel: [kernel_before, kernel_open, kernel_after],
     }))
 }
