@@ -393,7 +393,7 @@ struct ChosenGid {
 
 /// The GID `net`'s QPs use, the preferences it misses (for the port's log line), and whether it
 /// lies outside the `NCCL_IB_ADDR_RANGE` the user named. The table comes from one verbs query
-/// of `device`, or from sysfs where that query is missing.
+/// of `device`, or from sysfs where that query fails.
 fn port_gid(
     device: &Device,
     net: &NetDevice,

@@ -181,8 +181,9 @@ struct DeviceAttr {
     phys_port_cnt: u8,
 }
 
-// libibverbs' entry point behind the `ibv_query_gid_table` inline (rdma-core 29 and later);
-// rdma-sys binds its struct, not the function.
+// libibverbs' entry point behind the `ibv_query_gid_table` inline (symbol version IBVERBS_1.11,
+// older than the `ibv_reg_dmabuf_mr` of rdma-core 34 the plugin links anyway); rdma-sys binds
+// its struct, not the function.
 unsafe extern "C" {
     fn _ibv_query_gid_table(
         context: *mut sys::ibv_context,
@@ -304,7 +305,7 @@ impl Device {
     /// shows (`IB/RoCE v1` reads as version 1).
     ///
     /// # Errors
-    /// `System` when a query fails (a libibverbs or kernel without the table query).
+    /// `System` when a query fails (a kernel or provider that does not answer the table query).
     pub fn gid_table(&self, port: u32) -> Result<Vec<GidEntry>> {
         let failed = |e| Error::system(format!("ibv_query_gid_table({})", self.name), e);
         let ports = usize::from(self.query_device().map_err(failed)?.phys_port_cnt);
