@@ -64,6 +64,8 @@ pub(super) trait Repair {
     fn overdue(&self, now: Instant) -> Vec<GaveUp>;
     /// Lanes away from home that may move back (the receiver's; the sender follows).
     fn tick(&mut self, now: Instant) -> Vec<Action>;
+    /// Whether the repair needs the clock: without, only events and frames move it.
+    fn wants_ticks(&self, recovery: bool) -> bool;
 }
 
 /// Both sides' repairs have these methods of their own; the trait lets the glue hold either.
@@ -97,6 +99,9 @@ macro_rules! repair_of {
             fn tick(&mut self, now: Instant) -> Vec<Action> {
                 Self::tick(self, now)
             }
+            fn wants_ticks(&self, recovery: bool) -> bool {
+                Self::wants_ticks(self, recovery)
+            }
         }
     };
 }
@@ -128,7 +133,9 @@ pub(super) struct Failover<R> {
     /// Whether lanes move back to their home members (`NCCL_IB_RESILIENCY_PORT_RECOVERY`).
     recovery: bool,
     layout: Layout,
-    /// Every lane is up at home: nothing to do unless a member or the peer says otherwise.
+    /// Every lane is up, and none waits for a clock (a lane away from home whose home member
+    /// is down waits for the port event): nothing to do unless a member or the peer says
+    /// otherwise.
     settled: bool,
     polls: u32,
 }
@@ -179,7 +186,7 @@ impl<R: Repair> Failover<R> {
     }
 
     /// Whether there is progress to make without the client: a repair under way or lanes
-    /// away from home, or a port event, a failed QP (on any device of the process) or a frame
+    /// on their way home, or a port event, a failed QP (on any device of the process) or a frame
     /// not looked at yet. Atomics only: the watcher asks at every tick, so that a repair never
     /// waits for a client that stopped calling on this comm (NCCL polls only the comms it has
     /// requests on).
@@ -189,15 +196,19 @@ impl<R: Repair> Failover<R> {
     }
 
     /// What changed since the last call: QPs of the connection that failed, members that went
-    /// down or came back (port events), frames from the peer; and, while not every lane is up
-    /// at home, every [`POLLS_PER_CLOCK_READ`]th call, lanes due home and lanes down for too
-    /// long (an error naming every port). Returns the core's actions.
+    /// down or came back (port events), frames from the peer; and, while the repair wants the
+    /// clock, every [`POLLS_PER_CLOCK_READ`]th call or at the watcher's `tick` (the time it
+    /// read for all the comms it tends: a repair of a comm whose client does not call must not
+    /// wait 32 ticks for each step), lanes due home and lanes down for too long (an error
+    /// naming every port). Returns the core's actions.
     pub(super) fn poll(
         &mut self,
         ctx: &DeviceContext,
         link: &PeerLink,
         qps: &QpSet,
+        tick: Option<Instant>,
     ) -> Result<Vec<Action>> {
+        let now = || tick.unwrap_or_else(Instant::now);
         let mut actions = Vec::new();
         // Read before the members: a change counted after this is looked at next time.
         self.seen_changes = health_changes();
@@ -205,7 +216,7 @@ impl<R: Repair> Failover<R> {
             if port.health.qp_failures() != self.seen_qp_failures[m] {
                 let (failed, count) = port.health.failed_qps_since(self.seen_qp_failures[m]);
                 self.seen_qp_failures[m] = count;
-                let now = Instant::now();
+                let now = now();
                 for lane in failed.iter().filter_map(|&qpn| qps.index_of(m, qpn)) {
                     tracing::info!("NET/{PLUGIN_NAME}: lane {lane}: its QP failed: moving it");
                     actions.extend(self.core.broken(lane, Cause::QpFatal, now));
@@ -222,7 +233,7 @@ impl<R: Repair> Failover<R> {
                 self.down[m] = down;
                 ctx.note_member(m, down, events);
                 let m = u8::try_from(m).unwrap_or(u8::MAX);
-                actions.extend(self.core.local_member(m, down, Instant::now()));
+                actions.extend(self.core.local_member(m, down, now()));
                 self.settled = false;
             }
         }
@@ -231,7 +242,7 @@ impl<R: Repair> Failover<R> {
         }
         let frames = link.frames();
         if !frames.is_empty() {
-            let now = Instant::now();
+            let now = now();
             for frame in frames {
                 tracing::debug!("NET/{PLUGIN_NAME}: the peer says {frame:?}");
                 if let Frame::Broken { lanes, down } = frame {
@@ -243,8 +254,11 @@ impl<R: Repair> Failover<R> {
         }
         if !self.settled {
             self.polls = self.polls.wrapping_add(1);
-            if self.polls.is_multiple_of(POLLS_PER_CLOCK_READ) || !actions.is_empty() {
-                let now = Instant::now();
+            if tick.is_some()
+                || self.polls.is_multiple_of(POLLS_PER_CLOCK_READ)
+                || !actions.is_empty()
+            {
+                let now = now();
                 if self.recovery {
                     actions.extend(self.core.tick(now));
                 }
@@ -254,7 +268,7 @@ impl<R: Repair> Failover<R> {
                     return Err(gave_up(ctx, &self.peer, &overdue));
                 }
                 self.settled = actions.is_empty()
-                    && self.at_home()
+                    && !self.core.wants_ticks(self.recovery)
                     && self.draining.iter().all(Option::is_none);
             }
         }
@@ -284,13 +298,6 @@ impl<R: Repair> Failover<R> {
             let peer = format!("{}:{}", peer.device, peer.port);
             ctx.note_path_lost(usize::from(route.local), &peer, cause);
         }
-    }
-
-    /// Every lane is up on its home route.
-    fn at_home(&self) -> bool {
-        (0..self.layout.nqps).all(|lane| {
-            self.core.is_up(lane) && self.core.route(lane) == Route::home(&self.layout, lane)
-        })
     }
 
     /// A work completion on `lane` failed with `status`, or was a drain marker. Returns the
@@ -486,15 +493,16 @@ pub(super) trait Repairing: CommParts {
     }
 
     /// Take what port events and the peer's frames say, and do what the repairs ask. A healthy
-    /// comm's every progress comes here: it reads a few atomics and returns.
-    fn tend_failover(&self, st: &mut Self::State) -> Result<()> {
+    /// comm's every progress comes here: it reads a few atomics and returns. `tick`: see
+    /// [`Failover::poll`].
+    fn tend_failover(&self, st: &mut Self::State, tick: Option<Instant>) -> Result<()> {
         let (Some(f), Some(link)) = (Self::failover(st), self.link()) else {
             return Ok(());
         };
         if !f.due(link.link()) {
             return Ok(());
         }
-        match f.poll(self.ctx(), link.link(), self.qps()) {
+        match f.poll(self.ctx(), link.link(), self.qps(), tick) {
             Ok(actions) => self.run_actions(st, actions),
             Err(e) => Err(Self::failure(st).record(e)),
         }

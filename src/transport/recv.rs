@@ -733,22 +733,22 @@ impl RecvComm {
     /// The progress of a client's call.
     fn progress(&self, st: &mut RecvState) -> Result<()> {
         st.client.made();
-        self.progress_reading_clock(st, false)
+        self.progress_at(st, None)
     }
 
-    /// [`Self::progress`]; with `clock_due` the quiet wait reads the clock on this poll (the
-    /// watcher's, which come 10 to 80 ms apart).
-    fn progress_reading_clock(&self, st: &mut RecvState, clock_due: bool) -> Result<()> {
+    /// [`Self::progress`]; at the watcher's `tick` (10 to 80 ms apart) the quiet wait reads
+    /// the clock on this poll and the failover takes the tick's time.
+    fn progress_at(&self, st: &mut RecvState, tick: Option<Instant>) -> Result<()> {
         self.qps.drain(|member, c| self.handle(st, member, c))?;
         // After the completions: a drain that ends on its grace must not leave one unpolled
         // (the receives a lane took decide what the sender writes again).
         if st.failover.is_some() {
-            self.tend_failover(st)?;
+            self.tend_failover(st, tick)?;
         }
         if !st.proto.layout().quiet {
             return Ok(());
         }
-        self.announce_overdue(st, clock_due);
+        self.announce_overdue(st, tick.is_some());
         self.owed_writes(st, false).map_err(|e| st.failed.record(e))
     }
 
@@ -925,7 +925,7 @@ impl Tend for RecvComm {
         st.proto.layout().quiet || st.failover.is_some()
     }
 
-    fn tend(&self) -> Tick {
+    fn tend(&self, now: Instant) -> Tick {
         let Some(mut st) = self.state.try_lock() else {
             return busy_tick(self.quiet, self.link.as_ref());
         };
@@ -938,9 +938,10 @@ impl Tend for RecvComm {
         if !st.proto.has_quiet() && !self.failover_due(&mut st) {
             return idle;
         }
-        // Even for a client that polls: its polls read the clock only every 32nd time.
+        // Even for a client that polls: its polls read the clock only every 32nd time (the
+        // quiet wait's and the failover's).
         // A failure is recorded in the comm and reported at its next call.
-        let _ = self.progress_reading_clock(&mut st, true);
+        let _ = self.progress_at(&mut st, Some(now));
         Tick::owed(polled)
     }
 }

@@ -816,10 +816,16 @@ impl SendComm {
     }
 
     fn progress(&self, st: &mut SendState) -> Result<()> {
+        self.progress_at(st, None)
+    }
+
+    /// [`Self::progress`]; at the watcher's `tick` the failover takes its time, not only at
+    /// every 32nd call (ticks come rarely).
+    fn progress_at(&self, st: &mut SendState, tick: Option<Instant>) -> Result<()> {
         self.qps.drain(|member, c| self.handle(st, member, c))?;
         // After the completions: a drain that ends on its grace must not leave one unpolled.
         if st.failover.is_some() {
-            self.tend_failover(st)?;
+            self.tend_failover(st, tick)?;
         }
         Ok(())
     }
@@ -936,7 +942,7 @@ impl Tend for SendComm {
         self.layout.quiet || self.state.lock().failover.is_some()
     }
 
-    fn tend(&self) -> Tick {
+    fn tend(&self, now: Instant) -> Tick {
         let Some(mut st) = self.state.try_lock() else {
             return busy_tick(self.layout.quiet, self.link.as_ref());
         };
@@ -953,7 +959,7 @@ impl Tend for SendComm {
         if st.proto.undelivered() {
             let _ = self.deliver(&mut st);
         } else if self.failover_due(&mut st) {
-            let _ = self.progress(&mut st);
+            let _ = self.progress_at(&mut st, Some(now));
         } else {
             return idle;
         }

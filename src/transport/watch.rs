@@ -380,9 +380,11 @@ pub trait Tend: Send + Sync + 'static {
     /// Where its out-of-band link keeps the comm's key ([`PeerLink::tended_as`]): what arrives
     /// on the link (frames, the end) makes the comm due.
     fn link_key(&self) -> Option<&AtomicU64>;
-    /// Make the progress that is due; called by the watcher thread at every tick. Must not
-    /// block: a comm busy in its client's call is left to that call.
-    fn tend(&self) -> Tick;
+    /// Make the progress that is due; called by the watcher thread at every tick, `now` read
+    /// once for every comm it tends (a clock read may be a system call, or in a VM a trip to
+    /// an emulated timer). Must not block: a comm busy in its client's call is left to that
+    /// call.
+    fn tend(&self, now: Instant) -> Tick;
 }
 
 /// A tended comm at a tick (ordered by how soon it wants the next).
@@ -671,12 +673,13 @@ impl Watcher {
         };
         keys.sort_unstable();
         keys.dedup();
+        let now = Instant::now();
         let mut most = Tick::Quiet;
         for key in keys {
             let Some(comm) = self.tended.lock().comms.get(&key).and_then(Weak::upgrade) else {
                 continue;
             };
-            let tick = comm.tend();
+            let tick = comm.tend(now);
             drop(comm);
             let mut registry = self.tended.lock();
             if tick == Tick::Quiet {
@@ -765,7 +768,7 @@ mod tests {
         fn link_key(&self) -> Option<&AtomicU64> {
             None
         }
-        fn tend(&self) -> Tick {
+        fn tend(&self, _now: Instant) -> Tick {
             self.tends.fetch_add(1, Ordering::AcqRel);
             self.tick
         }

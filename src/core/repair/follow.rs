@@ -78,6 +78,12 @@ impl FollowRepair {
         self.lanes.all_up()
     }
 
+    /// Whether time alone may change what this side does: while a lane is down its budget
+    /// runs. The receiver moves lanes home, and its frames make the comm due.
+    pub fn wants_ticks(&self, _recovery: bool) -> bool {
+        !self.all_up()
+    }
+
     /// The route of `lane`'s current QP.
     pub fn route(&self, lane: usize) -> Route {
         self.lanes.route(lane)

@@ -103,6 +103,28 @@ impl LeadRepair {
         self.lanes.all_up()
     }
 
+    /// Whether time alone may change what this side does: a lane is down (its budget and the
+    /// repair limit run), or, with `recovery`, a lane is away from a home it may go back to
+    /// once the home's members have settled ([`Self::tick`]). A lane away from a home whose
+    /// member is down, or stranded, waits for a port event or a frame: those make the comm due,
+    /// so it needs no ticks meanwhile.
+    pub fn wants_ticks(&self, recovery: bool) -> bool {
+        self.lanes
+            .states
+            .iter()
+            .enumerate()
+            .any(|(lane, state)| match *state {
+                Lead::Up(route) => {
+                    let home = Route::home(&self.lanes.layout, lane);
+                    recovery
+                        && route != home
+                        && !self.stranded[lane]
+                        && self.lanes.health.allows(home)
+                }
+                _ => true,
+            })
+    }
+
     /// The route of `lane`'s current QP.
     pub fn route(&self, lane: usize) -> Route {
         self.lanes.route(lane)

@@ -695,3 +695,51 @@ fn lanes_move_home_once_their_ports_have_been_back_a_while() {
     );
     p.assert_agree();
 }
+
+/// What a thousand comms away from home cost while their home member is down: nothing. Only a
+/// lane that is down, or one that may go home once its members settled, needs the clock; a
+/// lane parked on another member waits for the port event (issue #62: comms whose every lane
+/// is up tick no more).
+#[test]
+fn only_lanes_down_or_on_their_way_home_want_ticks() {
+    let mut p = Pair::new(fused(2, 1));
+    assert!(
+        !p.lead.wants_ticks(true) && !p.follow.wants_ticks(true),
+        "at home"
+    );
+    let actions = p.follow.local_member(1, true, p.now);
+    p.follow_actions(actions);
+    assert!(
+        p.follow.wants_ticks(true),
+        "the sender's lane 1 is down: its budget runs"
+    );
+    p.settle();
+    assert!(
+        p.lead.all_up() && p.lead.route(1).remote == 0,
+        "lane 1 moved"
+    );
+    assert!(
+        !p.lead.wants_ticks(true) && !p.follow.wants_ticks(true),
+        "away, its home member down: nothing to do until the port comes back"
+    );
+    let actions = p.follow.local_member(1, false, p.now);
+    p.follow_actions(actions);
+    p.settle();
+    assert!(
+        p.lead.wants_ticks(true),
+        "home is back: it moves once the port settled"
+    );
+    assert!(
+        !p.lead.wants_ticks(false),
+        "without NCCL_IB_RESILIENCY_PORT_RECOVERY lanes stay where they are"
+    );
+    p.now += SETTLE;
+    let actions = p.lead.tick(p.now);
+    p.lead_actions(actions);
+    p.settle();
+    assert_eq!(p.lead.route(1), Route::home(&p.lead.lanes.layout, 1));
+    assert!(
+        !p.lead.wants_ticks(true) && !p.follow.wants_ticks(true),
+        "home again"
+    );
+}
