@@ -22,6 +22,7 @@ mod eager;
 mod failover;
 mod faults;
 mod queues;
+mod scale;
 mod versions;
 
 use std::ffi::c_void;
@@ -314,6 +315,11 @@ const ADDITIONS: [((&str, &str), &str); 2] = [
     (EXTRA_PORTS, "--extra-ports"),
 ];
 
+/// In a scenario's environment: the ranks load the plugin as it ships (optimized,
+/// `scripts/build-plugin.sh`) instead of the test build, for scenarios that time what the plugin
+/// does at scale.
+const SHIPPED: (&str, &str) = ("RSIB_TEST_SHIPPED", "1");
+
 /// `(NON_UTF8, NAME)` in a scenario's environment sets the variable NAME to the bytes `ff fe`.
 const NON_UTF8: &str = "RSIB_NON_UTF8";
 
@@ -346,6 +352,7 @@ fn scenarios() -> impl Iterator<Item = &'static Scenario> {
         .chain(batch::SCENARIOS)
         .chain(abandon::SCENARIOS)
         .chain(queues::SCENARIOS)
+        .chain(scale::SCENARIOS)
 }
 
 /// The ncclNet versions the common scenarios run through: the oldest and the newest table,
@@ -375,6 +382,7 @@ fn runs() -> Vec<(String, &'static Scenario, Option<u8>)> {
             .chain(batch::SCENARIOS)
             .chain(abandon::SCENARIOS)
             .chain(queues::SCENARIOS)
+            .chain(scale::SCENARIOS)
             .map(|s| (s.name.to_owned(), s, None)),
     );
     runs
@@ -397,7 +405,12 @@ fn child(name: &str, rank: usize, ranks: usize) {
     let scenario = scenarios()
         .find(|s| s.name == name)
         .unwrap_or_else(|| panic!("no scenario {name}"));
-    let net = Net::load(&support::plugin_path());
+    let plugin = if std::env::var_os(SHIPPED.0).is_some() {
+        support::shipped_plugin_path()
+    } else {
+        support::plugin_path()
+    };
+    let net = Net::load(&plugin);
     let dev = match std::env::var(VDEVICE) {
         // As NCCL does on v9 and later: fuse the ports itself.
         Ok(ports) => {

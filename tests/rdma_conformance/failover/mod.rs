@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-mod stream;
+pub(crate) mod stream;
 
 use stream::{
     Comeback, Length, MESSAGE, Stalls, WINDOW, bring_up, mixed, received_since, sender,

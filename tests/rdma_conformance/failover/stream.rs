@@ -138,7 +138,7 @@ fn stream_send(cx: &Cx, sc: *mut c_void, length: Length, size_of: fn(usize) -> u
 /// Bring the links back (the lines of [`veth_restore_batch`], in a thread of its own: the
 /// caller goes on polling its comm meanwhile, as a job would) and return once every one of
 /// `devs`' ports is ACTIVE: the moment to measure a comeback from, and the restore's thread.
-pub(super) fn bring_up(
+pub(crate) fn bring_up(
     devs: &'static [&'static str],
     batch: String,
 ) -> (Comeback, std::thread::JoinHandle<()>) {
@@ -172,7 +172,7 @@ pub(super) fn received_since(dev: &str, before: (u64, u64)) -> u64 {
 /// When traffic over `devs` resumed: the first moment, after `since` (their ports ACTIVE
 /// again), at which every one of them has received packets since `before`.
 #[derive(Clone)]
-pub(super) struct Comeback {
+pub(crate) struct Comeback {
     devs: &'static [&'static str],
     since: Instant,
     before: Vec<(u64, u64)>,
@@ -181,7 +181,7 @@ pub(super) struct Comeback {
 
 impl Comeback {
     /// Look again (after each message).
-    pub(super) fn check(&mut self) {
+    pub(crate) fn check(&mut self) {
         if self.after.is_none()
             && self
                 .devs
@@ -194,7 +194,7 @@ impl Comeback {
     }
 
     /// How long it took, asserted under `RECOVERY_LIMIT`.
-    pub(super) fn within_limit(&self) -> Duration {
+    pub(crate) fn within_limit(&self) -> Duration {
         let after = self.after.unwrap_or_else(|| {
             panic!(
                 "{:?} carried traffic again before the stream ended",
