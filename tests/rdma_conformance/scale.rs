@@ -481,26 +481,26 @@ fn a_thousand_comms_ride_out_a_member_failing(cx: &mut Cx) {
     }
 }
 
+/// The scenario's environment for a rank on `dev`.
+macro_rules! fused_and_shipped {
+    ($dev:literal) => {
+        &[
+            (SECOND_PATH.0, SECOND_PATH.1),
+            (SHIPPED.0, SHIPPED.1),
+            ("RSIB_TEST_ABI", "12"),
+            ("NCCL_NET_RS_FUSE", "rxe1+rxe3,rxe2+rxe4"),
+            ("RSIB_TEST_DEV", $dev),
+            ("NCCL_DEBUG", "INFO"),
+        ]
+    };
+}
+
 pub(crate) const SCENARIOS: &[Scenario] = &[Scenario {
     name: "v12_a_thousand_comms_ride_out_a_member_failing",
     ranks: 2,
     run: a_thousand_comms_ride_out_a_member_failing,
     env: &[
-        &[
-            (SECOND_PATH.0, SECOND_PATH.1),
-            (SHIPPED.0, SHIPPED.1),
-            ("RSIB_TEST_ABI", "12"),
-            ("NCCL_NET_RS_FUSE", "rxe1+rxe3,rxe2+rxe4"),
-            ("RSIB_TEST_DEV", "rxe1+rxe3"),
-            ("NCCL_DEBUG", "INFO"),
-        ],
-        &[
-            (SECOND_PATH.0, SECOND_PATH.1),
-            (SHIPPED.0, SHIPPED.1),
-            ("RSIB_TEST_ABI", "12"),
-            ("NCCL_NET_RS_FUSE", "rxe1+rxe3,rxe2+rxe4"),
-            ("RSIB_TEST_DEV", "rxe2+rxe4"),
-            ("NCCL_DEBUG", "INFO"),
-        ],
+        fused_and_shipped!("rxe1+rxe3"),
+        fused_and_shipped!("rxe2+rxe4"),
     ],
 }];
