@@ -100,13 +100,14 @@ fn raise_file_limit() {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: plain syscalls on a local struct.
+    // SAFETY: getrlimit and setrlimit read and write a local struct.
     #[allow(unsafe_code)]
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
-        limit.rlim_cur = limit.rlim_max;
-        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
-    }
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    assert_eq!(got, 0);
+    limit.rlim_cur = limit.rlim_max;
+    #[allow(unsafe_code)]
+    let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+    assert_eq!(set, 0);
 }
 
 /// This process's QPs per device and state (its threads'), and each device's highest QP number in
