@@ -105,6 +105,7 @@ fn raise_file_limit() {
     let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
     assert_eq!(got, 0);
     limit.rlim_cur = limit.rlim_max;
+    // SAFETY: as above.
     #[allow(unsafe_code)]
     let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
     assert_eq!(set, 0);
