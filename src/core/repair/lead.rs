@@ -109,20 +109,20 @@ impl LeadRepair {
     /// member is down, or stranded, waits for a port event or a frame: those make the comm due,
     /// so it needs no ticks meanwhile.
     pub fn wants_ticks(&self, recovery: bool) -> bool {
-        self.lanes
-            .states
-            .iter()
-            .enumerate()
-            .any(|(lane, state)| match *state {
-                Lead::Up(route) => {
-                    let home = Route::home(&self.lanes.layout, lane);
-                    recovery
-                        && route != home
-                        && !self.stranded[lane]
-                        && self.lanes.health.allows(home)
-                }
-                _ => true,
-            })
+        (0..self.lanes.states.len()).any(|lane| {
+            !matches!(self.lanes.states[lane], Lead::Up(_))
+                || (recovery && self.home_open(lane).is_some())
+        })
+    }
+
+    /// `lane`'s home route when the lane is up away from it, not stranded, and both the
+    /// home's members are up: it goes home once they have settled.
+    fn home_open(&self, lane: usize) -> Option<Route> {
+        let home = Route::home(&self.lanes.layout, lane);
+        (matches!(self.lanes.states[lane], Lead::Up(r) if r != home)
+            && !self.stranded[lane]
+            && self.lanes.health.allows(home))
+        .then_some(home)
     }
 
     /// The route of `lane`'s current QP.
@@ -416,12 +416,8 @@ impl LeadRepair {
         };
         let homeward: Vec<usize> = (0..self.lanes.states.len())
             .filter(|&lane| {
-                let home = Route::home(&self.lanes.layout, lane);
-                matches!(self.lanes.states[lane], Lead::Up(r) if r != home)
-                    && !self.stranded[lane]
-                    && self.lanes.health.allows(home)
-                    && settled(LOCAL, home.local)
-                    && settled(REMOTE, home.remote)
+                self.home_open(lane)
+                    .is_some_and(|home| settled(LOCAL, home.local) && settled(REMOTE, home.remote))
             })
             .collect();
         homeward
