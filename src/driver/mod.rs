@@ -22,6 +22,8 @@ pub mod rendezvous;
 
 pub mod profiler;
 
+pub mod process;
+
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::path::Path;
 use std::ptr;

@@ -22,6 +22,7 @@ use super::failover::stream::bring_up;
 use super::faults::{set_link, veth_restore_batch};
 use super::support::net::{fill_pattern_at, hex};
 use super::{Cx, SECOND_PATH, SHIPPED, Scenario, port_packets, resource_counts};
+use nccl_net::driver::process::{cpu_seconds, raise_open_file_limit};
 
 const COMMS: usize = 1000;
 /// NCCL's connect rounds take at most this many peers (`NCCL_CONNECT_ROUND_MAX_PEERS`, read in
@@ -72,18 +73,6 @@ impl Deadline {
     }
 }
 
-/// This process's CPU time so far (all threads).
-fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-    // utime and stime (fields 14 and 15), in clock ticks.
-    // SAFETY: sysconf has no preconditions.
-    #[allow(unsafe_code)]
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    Duration::from_secs_f64(ticks / hz)
-}
-
 fn seed(comm: usize) -> u64 {
     0x5ca1e000 + comm as u64
 }
@@ -91,24 +80,6 @@ fn seed(comm: usize) -> u64 {
 /// The handle rank 0 relays to rank 1 after each round: whether another follows.
 fn round_signal(more: bool) -> String {
     hex(&[u8::from(more); 128])
-}
-
-/// As NCCL does at init (`ncclOsSetFilesLimit`): a thousand comms keep a thousand TCP
-/// connections, past the usual soft limit of 1,024 with the listen comms.
-fn raise_file_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read and write a local struct.
-    #[allow(unsafe_code)]
-    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    assert_eq!(got, 0);
-    limit.rlim_cur = limit.rlim_max;
-    // SAFETY: as above.
-    #[allow(unsafe_code)]
-    let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
-    assert_eq!(set, 0);
 }
 
 /// This process's QPs per device and state (its threads'), and each device's highest QP number in
@@ -324,7 +295,9 @@ fn send_round(cx: &Cx, comms: &[*mut c_void], bufs: &mut Buffers) {
 }
 
 fn a_thousand_comms_ride_out_a_member_failing(cx: &mut Cx) {
-    raise_file_limit();
+    // A thousand comms keep a thousand TCP connections, past the usual soft limit of 1,024
+    // with the listen comms.
+    raise_open_file_limit().expect("the open-file soft limit raised to the hard one");
     if cx.rank == 0 {
         assert_eq!(cx.net.device_name(cx.dev), "rxe1+rxe3");
         // The startup listen comm (its handle went to rank 1 first) is the first of a listen
@@ -409,9 +382,9 @@ fn a_thousand_comms_ride_out_a_member_failing(cx: &mut Cx) {
             "every comm's lane 1 moved to rxe1"
         );
         // Lanes away from a home that is down wait for the port event: idle, they cost nothing.
-        let cpu = process_cpu();
+        let cpu = cpu_seconds();
         std::thread::sleep(IDLE);
-        let busy = (process_cpu() - cpu).as_secs_f64() / IDLE.as_secs_f64();
+        let busy = (cpu_seconds() - cpu) / IDLE.as_secs_f64();
         println!(
             "NOTE CPU with every comm idle away from home: {:.2}% of a core",
             busy * 100.0

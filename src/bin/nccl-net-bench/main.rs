@@ -24,6 +24,7 @@ mod interleave;
 mod scale;
 
 use clap::{Parser, ValueEnum};
+use nccl_net::driver::process::{cpu_seconds, raise_open_file_limit};
 use nccl_net::driver::{Driver, Handle, LoadOptions, Ptr, fill_pattern, rendezvous};
 use serde_json::json;
 
@@ -290,34 +291,6 @@ const WARMUP_SEED: u64 = 1 << 31;
 /// Untimed messages before a phase of `timed` messages: `--warmup`, at most a tenth of them.
 fn warmup(o: &Options, timed: usize) -> usize {
     o.warmup.min(timed / 10)
-}
-
-/// CPU seconds (user + system) this process has used.
-#[allow(unsafe_code)] // one getrusage call
-fn cpu_seconds() -> f64 {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: a valid out-pointer; RUSAGE_SELF always succeeds.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
-    // SAFETY: zero-initialised plain C data, filled by getrusage.
-    let ru = unsafe { ru.assume_init() };
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
-}
-
-/// Raise the open-file soft limit to the hard one, as NCCL does when it starts
-/// (`ncclOsSetFilesLimit`): a plugin keeps descriptors per comm, and `--comms` opens thousands.
-#[allow(unsafe_code)] // getrlimit and setrlimit on a local struct
-fn raise_open_file_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: a valid out-pointer to a local rlimit.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
-        limit.rlim_cur = limit.rlim_max;
-        // SAFETY: a valid pointer to a local rlimit; failing leaves the limit as it was.
-        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
-    }
 }
 
 /// The rendezvous stream: handles, barriers and rank 1's numbers.
@@ -989,7 +962,8 @@ fn main() {
         eprintln!("nccl-net-bench: {e}");
         std::process::exit(2);
     });
-    raise_open_file_limit();
+    // As NCCL: a limit it cannot raise stays as it was (a plugin that reaches it says so).
+    let _ = raise_open_file_limit();
     if let Err(e) = run(&options) {
         eprintln!("nccl-net-bench: {e}");
         std::process::exit(1);

@@ -13,10 +13,11 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use nccl_net::driver::process::cpu_seconds;
 use nccl_net::driver::{Driver, Handle, Ptr, fill_pattern, pattern};
 use serde_json::json;
 
-use super::{Control, Options, cpu_seconds, deadline, load};
+use super::{Control, Options, deadline, load};
 
 /// Bytes of the message each comm moves once, verified.
 const CHECK_BYTES: usize = 64;
