@@ -4,12 +4,13 @@
 //! cache.
 
 use std::net::{IpAddr, ToSocketAddrs};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::door::Door;
 use super::health::DeviceHealth;
 use super::mr::MrCache;
 use super::oob::{OobSettings, choose_oob_address};
@@ -36,6 +37,8 @@ pub struct DeviceContext {
     /// Per member, when its last lost-path line was logged (ms since [`DeviceContext::opened`]).
     path_logged: Vec<AtomicU64>,
     opened: Instant,
+    /// The listening socket its listen comms share, while any is open.
+    door: Mutex<Weak<Door>>,
 }
 
 /// Comms that lose a path over the same member within this long share one WARN line: their
@@ -67,9 +70,25 @@ impl DeviceContext {
             logged: ports.iter().map(|_| AtomicU64::new(u64::MAX)).collect(),
             path_logged: ports.iter().map(|_| AtomicU64::new(u64::MAX)).collect(),
             opened: Instant::now(),
+            door: Mutex::new(Weak::new()),
             ports,
             config: config.clone(),
         }))
+    }
+
+    /// The device's listening socket, opened on the out-of-band address if no listen comm holds
+    /// it now.
+    ///
+    /// # Errors
+    /// `System` when the socket cannot be bound.
+    pub(super) fn door(&self) -> Result<Arc<Door>> {
+        let mut door = self.door.lock();
+        if let Some(open) = door.upgrade() {
+            return Ok(open);
+        }
+        let open = Arc::new(Door::open(self.oob_ip())?);
+        *door = Arc::downgrade(&open);
+        Ok(open)
     }
 
     /// `Err` once a member device reported a fatal asynchronous event.

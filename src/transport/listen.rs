@@ -5,41 +5,31 @@
 //! net_ib/connect.cc), and clients keep one listen comm per device and connect to its handle
 //! again for every new pair of comms.
 //!
-//! Every TCP connection that reaches the listener is an *incoming* connection with its own
-//! deadline. It becomes the peer of an accept only once it presented a hello carrying this
-//! listener's nonce (proof that it holds the handle); anything else (a port scanner, a health
-//! check, noise, a handshake for another listener, silence) is dropped with one INFO line and the
-//! accept goes on waiting. A proven peer that then fails (incompatible setup, vanished before the
-//! ready byte) fails that accept only; the next accept serves the next peer.
+//! The listen comms of a device share its one listening socket (see [`super::door`]), which
+//! hands each its connectors: only those that presented a hello carrying this listen comm's nonce
+//! (proof that they hold the handle). A proven peer that then fails (incompatible setup, vanished
+//! before the ready byte) fails that accept only; the next accept serves the next peer.
 
-use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
 use super::DeviceContext;
 use super::conn::random_u64;
+use super::door::{Door, Proven};
 use super::recv::RecvComm;
 use super::watch::Tended;
 use super::watch::Watched;
-use super::wire_io::{HandshakeStream, socket_error};
+use super::wire_io::HandshakeStream;
 use crate::core::error::{Error, Kind, Result};
-use crate::core::wire::{Hello, ListenHandle};
+use crate::core::wire::ListenHandle;
 
-/// How long a new TCP connection may take to present its hello before it is dropped. A real peer
-/// sends it right after connecting.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Unproven connections kept at once; beyond that the oldest is dropped, so a flood of half-open
-/// intruders cannot lock the real peer out.
-const MAX_INCOMING: usize = 64;
-
-/// One TCP connection the listener accepted.
+/// One connector the door handed to this listen comm.
 #[derive(Debug)]
 enum Incoming {
-    /// Waiting for the connector's hello (unproven).
-    Hello(HandshakeStream),
+    /// Its hello named this listen comm; nothing built yet.
+    Proven(Proven),
     /// Proven: the receive comm is built and the reply queued; waiting for the ready byte.
     Ready {
         stream: HandshakeStream,
@@ -50,7 +40,6 @@ enum Incoming {
 /// What one incoming connection did on this call.
 enum Step {
     Waiting(Incoming),
-    Dropped(String),
     Accepted(Box<RecvComm>),
     Failed(Error),
 }
@@ -67,32 +56,27 @@ struct Acceptor {
 #[derive(Debug)]
 pub struct ListenComm {
     ctx: Arc<DeviceContext>,
-    listener: TcpListener,
+    door: Arc<Door>,
     handle: ListenHandle,
     acceptor: Mutex<Acceptor>,
 }
 
 impl ListenComm {
-    /// Listen on the device's out-of-band address.
+    /// Listen at the device's door (opened with its first listen comm).
     ///
     /// # Errors
-    /// `System` when the socket cannot be bound.
+    /// `System` when the device's listening socket cannot be bound.
     pub fn new(ctx: Arc<DeviceContext>) -> Result<Self> {
-        let bind = SocketAddr::new(ctx.oob_ip(), 0);
-        let listener = TcpListener::bind(bind)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .map_err(|e| socket_error(format!("cannot listen on {bind}"), e))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::system("getsockname on the listener", e))?;
+        let door = ctx.door()?;
         let handle = ListenHandle {
-            addr,
+            addr: door.addr(),
             nonce: random_u64(),
             members: u8::try_from(ctx.ports.len()).unwrap_or(1),
         };
+        door.expect(handle.nonce);
         Ok(Self {
             ctx,
-            listener,
+            door,
             handle,
             acceptor: Mutex::new(Acceptor::default()),
         })
@@ -128,16 +112,14 @@ impl ListenComm {
         now: Instant,
         deadline: Instant,
     ) -> Result<Option<Tended<RecvComm>>> {
-        self.take_new_connections(acceptor, now)?;
+        let arrived = self.door.arrivals_for(self.handle.nonce, now)?;
+        acceptor
+            .incoming
+            .extend(arrived.into_iter().map(Incoming::Proven));
         let mut entries = std::mem::take(&mut acceptor.incoming).into_iter();
         for entry in entries.by_ref() {
             match self.step(entry, deadline) {
                 Step::Waiting(entry) => acceptor.incoming.push(entry),
-                Step::Dropped(why) => tracing::info!(
-                    "NET/{}: listener {} dropped a connection: {why}",
-                    crate::plugin::PLUGIN_NAME,
-                    self.handle.addr
-                ),
                 Step::Accepted(comm) => {
                     acceptor.incoming.extend(entries);
                     return Tended::new(*comm).map(Some);
@@ -160,56 +142,13 @@ impl ListenComm {
         Ok(None)
     }
 
-    /// Move every connection waiting in the kernel's backlog into `incoming`.
-    fn take_new_connections(&self, acceptor: &mut Acceptor, now: Instant) -> Result<()> {
-        loop {
-            match self.listener.accept() {
-                Ok((tcp, peer)) => {
-                    let stream = match HandshakeStream::new(tcp, peer, now + HELLO_TIMEOUT) {
-                        Ok(s) => s,
-                        Err(e) => {
-                            tracing::info!("NET/{}: {e}", crate::plugin::PLUGIN_NAME);
-                            continue;
-                        }
-                    };
-                    if acceptor.incoming.len() >= MAX_INCOMING {
-                        evict_oldest_unproven(acceptor, self.handle.addr);
-                    }
-                    acceptor.incoming.push(Incoming::Hello(stream));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                // The connection died in the backlog (reset before we took it): not our problem.
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => {}
-                Err(e) => {
-                    return Err(socket_error(format!("accept on {}", self.handle.addr), e));
-                }
-            }
-        }
-    }
-
     fn step(&self, entry: Incoming, deadline: Instant) -> Step {
         match entry {
-            Incoming::Hello(mut stream) => {
-                if stream.expired() {
-                    return Step::Dropped(format!(
-                        "peer {} sent no hello within {} s",
-                        stream.peer,
-                        HELLO_TIMEOUT.as_secs()
-                    ));
-                }
-                let bytes = match stream.receive(Hello::LEN) {
-                    Ok(Some(bytes)) => bytes,
-                    Ok(None) => return Step::Waiting(Incoming::Hello(stream)),
-                    Err(e) => return Step::Dropped(e.to_string()),
-                };
-                let remote = match Hello::parse(&bytes)
-                    .and_then(|h| h.check_hello(self.handle.nonce).map(|()| h))
-                {
-                    Ok(remote) => remote,
-                    Err(e) => return Step::Dropped(format!("peer {} {e}", stream.peer)),
-                };
-                // Proven: from here on a failure is this accept's error.
+            Incoming::Proven(Proven {
+                mut stream,
+                hello: remote,
+            }) => {
+                // From here on a failure is this accept's error.
                 match RecvComm::build(&self.ctx, &remote, stream.peer) {
                     Ok((comm, hello)) => {
                         stream.queue(&hello.emit());
@@ -248,25 +187,8 @@ impl ListenComm {
     }
 }
 
-fn evict_oldest_unproven(acceptor: &mut Acceptor, addr: SocketAddr) {
-    let oldest = acceptor
-        .incoming
-        .iter()
-        .enumerate()
-        .filter_map(|(i, e)| match e {
-            Incoming::Hello(s) => Some((i, s.deadline)),
-            Incoming::Ready { .. } => None,
-        })
-        .min_by_key(|&(_, d)| d);
-    if let Some((i, _)) = oldest {
-        let Incoming::Hello(s) = acceptor.incoming.remove(i) else {
-            return;
-        };
-        tracing::info!(
-            "NET/{}: listener {addr} dropped a connection: peer {} had not sent its hello \
-             while {MAX_INCOMING} connections were pending",
-            crate::plugin::PLUGIN_NAME,
-            s.peer
-        );
+impl Drop for ListenComm {
+    fn drop(&mut self) {
+        self.door.forget(self.handle.nonce);
     }
 }

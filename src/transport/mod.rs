@@ -9,6 +9,7 @@
 
 mod conn;
 mod context;
+mod door;
 mod failover;
 mod health;
 mod held;

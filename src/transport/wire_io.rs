@@ -23,7 +23,7 @@ fn remote(what: String) -> Error {
 /// `System` error for socket call `what` that failed with `e`. When `e` is the process's
 /// open-file limit (EMFILE) or the system's (ENFILE), the message names the limit, what holds
 /// descriptors, and how to raise it: every comm keeps one TCP connection to its peer for its
-/// lifetime, and a listen comm one socket until it is closed.
+/// lifetime, and a device with listen comms open one listening socket.
 pub(super) fn socket_error(what: impl Into<String>, e: std::io::Error) -> Error {
     let what = what.into();
     match e.raw_os_error() {
@@ -33,8 +33,8 @@ pub(super) fn socket_error(what: impl Into<String>, e: std::io::Error) -> Error 
             Error::system(
                 format!(
                     "{what}: the process reached its open-file limit (RLIMIT_NOFILE {limit}): \
-                     every comm keeps one TCP connection to its peer and every listen comm one \
-                     socket; NCCL raises the soft limit to the hard one when it starts, so raise \
+                     every comm keeps one TCP connection to its peer and a device with listen \
+                     comms open one listening socket; NCCL raises the soft limit to the hard one when it starts, so raise \
                      the hard limit where the job starts (ulimit -Hn, systemd LimitNOFILE=, \
                      docker --ulimit nofile=N:N)"
                 ),
@@ -82,6 +82,11 @@ impl HandshakeStream {
     /// The TCP connection, for the comm to keep once the handshake is over.
     pub(super) fn into_stream(self) -> TcpStream {
         self.stream
+    }
+
+    /// The socket's descriptor, for an epoll set.
+    pub(super) fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.stream)
     }
 
     /// True once the deadline passed.

@@ -16,6 +16,9 @@ pub struct Epoll {
 }
 
 impl Epoll {
+    /// The most keys one [`Epoll::wait`] returns; a full batch means more may be ready.
+    pub const BATCH: usize = 64;
+
     /// `epoll_create1(EPOLL_CLOEXEC)`.
     ///
     /// # Errors
@@ -57,12 +60,13 @@ impl Epoll {
         unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut event) };
     }
 
-    /// Wait up to `timeout_ms` for ready fds and put their keys into `keys`.
+    /// Wait up to `timeout_ms` for ready fds and put their keys (at most [`Epoll::BATCH`]) into
+    /// `keys`.
     ///
     /// # Errors
     /// `System` when `epoll_wait` fails (other than being interrupted).
     pub fn wait(&self, keys: &mut Vec<u64>, timeout_ms: i32) -> Result<()> {
-        const MAX: usize = 64;
+        const MAX: usize = Epoll::BATCH;
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; MAX];
         // SAFETY: a valid epoll fd and a buffer of MAX events.
         let n = unsafe {

@@ -1,8 +1,10 @@
-//! IP addresses of network interfaces (`getifaddrs`), for the out-of-band TCP exchange.
+//! IP addresses of network interfaces (`getifaddrs`), for the out-of-band TCP exchange, and the
+//! one socket call the standard library does not offer (a listen backlog of our choosing).
 
 use std::ffi::CStr;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener};
+use std::os::fd::AsRawFd;
 
 use crate::core::error::{Error, Result};
 
@@ -94,4 +96,19 @@ unsafe fn netmask_bits(mask: *const libc::sockaddr, family: i32) -> u8 {
         u128::from_be_bytes(sin6.sin6_addr.s6_addr).leading_ones()
     };
     u8::try_from(ones).unwrap_or(128)
+}
+
+/// Ask for a backlog of `backlog` connections on `listener` (the kernel caps it at
+/// `net.core.somaxconn`; the standard library asks for 128). Calling `listen` again on a
+/// listening socket only changes its backlog.
+///
+/// # Errors
+/// What `listen(2)` says.
+pub fn set_listen_backlog(listener: &TcpListener, backlog: i32) -> io::Result<()> {
+    // SAFETY: `listen` on a socket `listener` owns and keeps open; no pointers.
+    if unsafe { libc::listen(listener.as_raw_fd(), backlog) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }

@@ -456,12 +456,145 @@ fn failed_accept_leaves_the_listen_comm_usable(cx: &mut Cx) {
     }
 }
 
+/// Listen comms open at once in `listen_comms_of_a_device_share_one_socket`.
+const LISTENS: usize = 64;
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// The listen comms of a device share one listening socket: `LISTENS` of them cost two
+/// descriptors (the socket and its epoll set), not one each (NCCL listens once per receive
+/// connection; `ncclIbListen`, net_ib/connect.cc, binds a socket per call), their handles carry one address and each its own nonce,
+/// and every connector reaches the listen comm whose handle it holds however the connects and
+/// accepts interleave (connects in the reverse order, all pending at once; accepts polled in
+/// turn). Closing the last listen comm closes the socket.
+fn listen_comms_of_a_device_share_one_socket(cx: &mut Cx) {
+    let seed = |i: usize| 300 + i as u64;
+    let size = |i: usize| 512 + 8 * i;
+    cx.net.close_listen(cx.lc);
+    if cx.rank == 0 {
+        let before = open_fds();
+        let listens: Vec<(Handle, *mut c_void)> =
+            (0..LISTENS).map(|_| cx.net.listen(cx.dev)).collect();
+        assert_eq!(
+            open_fds(),
+            before + 2,
+            "{LISTENS} listen comms hold one listening socket and its epoll set"
+        );
+        let parsed: Vec<_> = listens
+            .iter()
+            .map(|(h, _)| nccl_net::core::wire::ListenHandle::parse(h).unwrap())
+            .collect();
+        assert!(
+            parsed.iter().all(|h| h.addr == parsed[0].addr),
+            "{parsed:?}"
+        );
+        let mut nonces: Vec<u64> = parsed.iter().map(|h| h.nonce).collect();
+        nonces.sort_unstable();
+        nonces.dedup();
+        assert_eq!(
+            nonces.len(),
+            LISTENS,
+            "each listen comm has a nonce of its own"
+        );
+        for (h, _) in &listens {
+            println!("HANDLE {}", hex(h));
+        }
+        std::io::stdout().flush().unwrap();
+        let mut rcs = vec![std::ptr::null_mut::<c_void>(); LISTENS];
+        let start = Instant::now();
+        while rcs.iter().any(|c| c.is_null()) {
+            for (rc, (_, lc)) in rcs.iter_mut().zip(&listens) {
+                if rc.is_null() {
+                    *rc = cx.net.accept_step(*lc).unwrap();
+                }
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{LISTENS} accepts never finished"
+            );
+        }
+        for (_, lc) in &listens {
+            cx.net.close_listen(*lc);
+        }
+        for (i, rc) in rcs.into_iter().enumerate() {
+            // The message of the connector that held handle `i`, every byte checked.
+            recv_each(&cx.net, rc, &[(seed(i), size(i))], 0);
+            cx.net.close_recv(rc);
+        }
+        assert_eq!(open_fds(), before, "descriptors back after the close");
+        println!("NOTE {LISTENS} listen comms on one socket; every connector reached its own");
+    } else {
+        // Rank 0's startup handle, closed: the scenario's own handles follow.
+        let _startup = cx.peer();
+        let peers: Vec<Handle> = (0..LISTENS).map(|_| cx.peer()).collect();
+        let mut handles = peers.clone();
+        let mut scs = vec![std::ptr::null_mut::<c_void>(); LISTENS];
+        let start = Instant::now();
+        while scs.iter().any(|c| c.is_null()) {
+            for (sc, h) in scs.iter_mut().zip(handles.iter_mut()).rev() {
+                if sc.is_null() {
+                    *sc = cx.net.connect_step(cx.dev, h).unwrap();
+                }
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{LISTENS} connects never finished"
+            );
+        }
+        for (i, sc) in scs.into_iter().enumerate() {
+            send_each(&cx.net, sc, &[(seed(i), size(i))], 0);
+            cx.net.close_send(sc);
+        }
+    }
+}
+
+/// A connect to a closed listen comm fails while another listen comm keeps the device's socket
+/// open: the door drops the hello (its nonce names no open listen comm) and the connector sees
+/// the connection closed, as NCCL's transport would see a refused connect.
+fn connect_to_a_closed_listen_comm_beside_an_open_one_fails(cx: &mut Cx) {
+    let (mut handle, lc) = cx.net.listen(cx.dev);
+    cx.net.close_listen(lc);
+    // `cx.lc` stays open: the socket is still there, and answers.
+    let err = until_error(
+        DEADLINE,
+        "connect to a closed listen comm must not succeed",
+        || {
+            // The connector's progress needs the acceptor's side to route the hello.
+            let _ = cx.net.accept_step(cx.lc);
+            cx.net
+                .connect_step(cx.dev, &mut handle)
+                .map(|c| c.is_null())
+        },
+    );
+    assert_eq!(
+        err, RC_REMOTE,
+        "a listen comm that is gone is a remote error"
+    );
+    cx.net.close_listen(cx.lc);
+    println!("EXPECT_STDERR presented a handle for another listener");
+    println!("EXPECT_STDERR closed the connection during the handshake");
+}
+
 pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "listen_comm_serves_five_connections_in_turn",
         ranks: 2,
         run: listen_comm_serves_five_connections_in_turn,
         env: &[],
+    },
+    Scenario {
+        name: "listen_comms_of_a_device_share_one_socket",
+        ranks: 2,
+        run: listen_comms_of_a_device_share_one_socket,
+        env: &[],
+    },
+    Scenario {
+        name: "connect_to_a_closed_listen_comm_beside_an_open_one_fails",
+        ranks: 1,
+        run: connect_to_a_closed_listen_comm_beside_an_open_one_fails,
+        env: &[&[("NCCL_DEBUG", "INFO")]],
     },
     Scenario {
         name: "two_connects_pending_on_one_listen_comm",
