@@ -18,14 +18,15 @@
 //!   `watch`): a client that posts receives and then waits outside the plugin (a barrier,
 //!   another library) still makes progress.
 //!
-//! Lock order: a comm's state, then the queue registry, then a queue's chain. The registry walk
-//! only ever *tries* a chain's lock: a chain that is busy belongs to a comm in the middle of a
-//! call, which posts it itself or leaves it to the next walk.
+//! [`flush_all`] visits only the queues that started holding since its last visit (each is
+//! listed once, when it starts holding), never every queue of the process. It only ever *tries*
+//! a chain's lock: a chain that is busy belongs to a comm in the middle of a call, which posts
+//! it itself or leaves it to the next visit.
 #![allow(unsafe_code)] // posts work requests whose memory the comms vouch for
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, const_mutex};
 
@@ -55,13 +56,15 @@ struct Queue {
     holding: AtomicBool,
     /// Requests wait for room in the send queue (read without the chain's lock by posts).
     backlog: AtomicBool,
+    /// In [`LISTED`].
+    listed: AtomicBool,
 }
 
-/// Every queue that may hold, for [`flush_all`] and the watcher.
-static QUEUES: Mutex<Vec<Arc<Queue>>> = const_mutex(Vec::new());
+/// The queues that started holding since [`flush_all`]'s last visit, each once.
+static LISTED: Mutex<Vec<Weak<Queue>>> = const_mutex(Vec::new());
 /// Queues whose chain holds requests right now.
 static HOLDING: AtomicUsize = AtomicUsize::new(0);
-/// Queues registered in [`QUEUES`].
+/// Queues that may hold (batching comms'): the watcher ticks while there are any.
 static REGISTERED: AtomicUsize = AtomicUsize::new(0);
 
 impl Queue {
@@ -69,7 +72,7 @@ impl Queue {
         // Every post clears the flag: a plain load first spares it the atomic swap when it
         // was already clear (always, unless the comm batches).
         if self.holding.load(Ordering::Acquire) != holding
-            && self.holding.swap(holding, Ordering::AcqRel) != holding
+            && self.holding.swap(holding, Ordering::SeqCst) != holding
         {
             if holding {
                 HOLDING.fetch_add(1, Ordering::AcqRel);
@@ -177,12 +180,10 @@ impl PostQueue {
             }),
             holding: AtomicBool::new(false),
             backlog: AtomicBool::new(false),
+            listed: AtomicBool::new(false),
         });
-        if holds {
-            QUEUES.lock().push(Arc::clone(&queue));
-            if REGISTERED.fetch_add(1, Ordering::AcqRel) == 0 {
-                super::watch::wake();
-            }
+        if holds && REGISTERED.fetch_add(1, Ordering::AcqRel) == 0 {
+            super::watch::wake();
         }
         Self {
             queue,
@@ -213,7 +214,11 @@ impl PostQueue {
             chain: &mut chain,
         })?;
         if hold && self.registered {
-            self.queue.set_holding(!chain.chain.is_empty());
+            let holding = !chain.chain.is_empty();
+            self.queue.set_holding(holding);
+            if holding {
+                list(&self.queue);
+            }
             return Ok(());
         }
         self.queue.post(&mut chain)
@@ -298,7 +303,7 @@ impl PostQueue {
 impl Drop for PostQueue {
     fn drop(&mut self) {
         if self.registered {
-            QUEUES.lock().retain(|q| !Arc::ptr_eq(q, &self.queue));
+            // Its entry in LISTED, if any, no longer upgrades.
             REGISTERED.fetch_sub(1, Ordering::AcqRel);
         }
         // What is still held goes now (the comm waits for it before destroying the QP).
@@ -329,11 +334,18 @@ fn flush_held(keep: Option<&QpSet>) {
     flush_registered(keep);
 }
 
+/// Put `queue` on [`LISTED`] unless it is there (it started holding).
+fn list(queue: &Arc<Queue>) {
+    // SeqCst here and in the visit: each side's write must be seen by the other's later read.
+    if !queue.listed.swap(true, Ordering::SeqCst) {
+        LISTED.lock().push(Arc::downgrade(queue));
+    }
+}
+
 #[cold]
 fn flush_registered(keep: Option<&QpSet>) {
-    let queues = QUEUES.lock();
     // A lane being replaced (its lock taken) belongs to the calling comm's own call, which is
-    // not this one: counted as kept, it is posted by the next walk.
+    // not this one: counted as kept, it is posted by the next visit.
     let kept = |q: &Arc<Queue>| {
         keep.is_some_and(|set| {
             set.lanes
@@ -341,14 +353,21 @@ fn flush_registered(keep: Option<&QpSet>) {
                 .any(|l| l.try_read().is_none_or(|l| Arc::ptr_eq(&l.queue.queue, q)))
         })
     };
-    for q in queues
-        .iter()
-        .filter(|q| q.holding.load(Ordering::Acquire) && !kept(q))
-    {
-        if let Some(mut chain) = q.chain.try_lock()
-            && let Err(e) = q.post(&mut chain)
-        {
-            chain.failed.record(e);
+    let listed = std::mem::take(&mut *LISTED.lock());
+    for q in listed.iter().filter_map(Weak::upgrade) {
+        // Cleared before `holding` is read: a queue that starts holding after the read lists
+        // itself again.
+        q.listed.store(false, Ordering::SeqCst);
+        if !q.holding.load(Ordering::SeqCst) {
+            continue;
+        }
+        match q.chain.try_lock() {
+            Some(mut chain) if !kept(&q) => {
+                if let Err(e) = q.post(&mut chain) {
+                    chain.failed.record(e);
+                }
+            }
+            _ => list(&q),
         }
     }
 }
