@@ -82,6 +82,19 @@ impl Device {
         })
     }
 
+    /// Open the verbs context now, at `init` (or `makeVDevice`), as NCCL's transport opens its
+    /// devices in `init`: the first `listen` or `connect` then finds it ready. A failure is left
+    /// for that first use to report, to the call that needs the device.
+    pub(super) fn open_early(&self, config: &Config) {
+        if let Err(e) = self.context(config) {
+            tracing::debug!(
+                "NET/{}: {} not opened at init ({e}); its first comm tries again",
+                super::PLUGIN_NAME,
+                self.virt.name()
+            );
+        }
+    }
+
     /// `"[2]rxe1:1+rxe2:1/RoCE 20000Mbps host"`: one entry of the init banner.
     pub(super) fn banner_entry(&self, index: usize) -> String {
         let ports: Vec<String> = self

@@ -131,6 +131,9 @@ impl Plugin {
         let plugin = Arc::new(Self::discover(config, model, &sysfs));
         plugin.check_port_knobs(&sysfs)?;
         plugin.log_banner();
+        for device in plugin.devices.read().iter() {
+            device.open_early(&plugin.config);
+        }
         life.plugin = Some(Arc::clone(&plugin));
         Ok(plugin)
     }
@@ -254,6 +257,7 @@ impl Plugin {
         let verdict = DeviceVerdict::judge(virt, &self.gpu, &self.config, &probe_dmabuf_live);
         verdict.log();
         let device = Arc::new(Device::new(verdict, physical));
+        device.open_early(&self.config);
         let mut devices = self.devices.write();
         devices.push(device);
         Ok(i32::try_from(devices.len() - 1).unwrap_or(i32::MAX))
