@@ -10,6 +10,24 @@
 /// # Errors
 /// The OS error of `getrlimit` or `setrlimit`; the limit is then as it was.
 pub fn raise_open_file_limit() -> std::io::Result<()> {
+    let (_, hard) = open_file_limit()?;
+    let limit = libc::rlimit {
+        rlim_cur: hard,
+        rlim_max: hard,
+    };
+    // SAFETY: a valid pointer to a local rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The open-file limit, soft and hard (`RLIM_INFINITY` for none). Needs no descriptor, so it
+/// can say what the limit is when the process has reached it.
+///
+/// # Errors
+/// The OS error of `getrlimit`.
+pub fn open_file_limit() -> std::io::Result<(u64, u64)> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -18,12 +36,7 @@ pub fn raise_open_file_limit() -> std::io::Result<()> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    limit.rlim_cur = limit.rlim_max;
-    // SAFETY: a valid pointer to a local rlimit.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    Ok((limit.rlim_cur, limit.rlim_max))
 }
 
 /// CPU seconds (user + system) this process has used, all its threads.

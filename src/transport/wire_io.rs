@@ -28,8 +28,11 @@ pub(super) fn socket_error(what: impl Into<String>, e: std::io::Error) -> Error 
     let what = what.into();
     match e.raw_os_error() {
         Some(libc::EMFILE) => {
-            let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
-            let limit = open_files_limit(&limits).unwrap_or_else(|| "unknown".into());
+            // Not from /proc/self/limits: opening it needs the descriptor there is none of.
+            let limit = crate::driver::process::open_file_limit().map_or_else(
+                |e| format!("unknown: {e}"),
+                |(soft, hard)| format!("soft {}, hard {}", limit_text(soft), limit_text(hard)),
+            );
             Error::system(
                 format!(
                     "{what}: the process reached its open-file limit (RLIMIT_NOFILE {limit}): \
@@ -52,11 +55,12 @@ pub(super) fn socket_error(what: impl Into<String>, e: std::io::Error) -> Error 
     }
 }
 
-/// `"soft 1024, hard 4096"` from `/proc/self/limits`' "Max open files" line.
-fn open_files_limit(limits: &str) -> Option<String> {
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    let mut values = line["Max open files".len()..].split_whitespace();
-    Some(format!("soft {}, hard {}", values.next()?, values.next()?))
+fn limit_text(limit: u64) -> String {
+    if limit == libc::RLIM_INFINITY {
+        "unlimited".into()
+    } else {
+        limit.to_string()
+    }
 }
 
 impl HandshakeStream {
@@ -165,12 +169,7 @@ mod tests {
 
     #[test]
     fn the_open_file_limit_is_named_with_both_values_and_how_to_raise_it() {
-        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
-                      Max open files            1024                 524288               files\n";
-        assert_eq!(
-            open_files_limit(limits).as_deref(),
-            Some("soft 1024, hard 524288")
-        );
+        let (soft, hard) = crate::driver::process::open_file_limit().unwrap();
         let e = socket_error(
             "accept on 10.0.0.1:5000",
             std::io::Error::from_raw_os_error(libc::EMFILE),
@@ -178,7 +177,11 @@ mod tests {
         let text = e.to_string();
         for needle in [
             "accept on 10.0.0.1:5000",
-            "RLIMIT_NOFILE soft ",
+            &format!(
+                "RLIMIT_NOFILE soft {}, hard {}",
+                limit_text(soft),
+                limit_text(hard)
+            ),
             "ulimit -Hn",
             "LimitNOFILE",
         ] {
