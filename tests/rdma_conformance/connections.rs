@@ -479,7 +479,7 @@ fn listen_comms_of_a_device_share_one_socket(cx: &mut Cx) {
             (0..LISTENS).map(|_| cx.net.listen(cx.dev)).collect();
         assert_eq!(
             open_fds(),
-            before + 2,
+            before + crate::LISTENING_FDS,
             "{LISTENS} listen comms hold one listening socket and its epoll set"
         );
         let parsed: Vec<_> = listens

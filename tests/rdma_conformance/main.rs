@@ -282,6 +282,11 @@ fn assert_counted(live: &[(String, usize)]) {
     }
 }
 
+/// Descriptors a device's listen comms hold while any is open: the listening socket they share
+/// and its epoll set. Closing the last one (as an accept of the startup listen comm does) gives
+/// both back.
+const LISTENING_FDS: usize = 2;
+
 type ScenarioFn = fn(&mut Cx);
 
 struct Scenario {

@@ -321,10 +321,10 @@ fn netem(dev: &str, loss: Option<&str>) {
 }
 
 /// The fds and verbs objects a receiver will have once its comm is closed (the accept closes
-/// the listen comm's socket).
+/// the last listen comm, and with it the device's listening socket).
 fn receiver_baseline() -> Vec<(String, usize)> {
     let mut baseline = resource_counts();
-    baseline[0].1 -= 1;
+    baseline[0].1 -= LISTENING_FDS;
     baseline
 }
 
