@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 
 use super::wire_io::{HandshakeStream, socket_error};
 use crate::core::error::{Error, Result};
-use crate::core::wire::{Hello, Role};
+use crate::core::wire::Hello;
 use crate::verbs::{Epoll, set_listen_backlog};
 
 /// How long a new TCP connection may take to present its hello before it is dropped. A real peer
@@ -205,7 +205,7 @@ impl Door {
         };
         let outcome = stream.receive(Hello::LEN).and_then(|bytes| {
             bytes
-                .map(|b| Hello::parse(&b).and_then(|h| check_hello(&h).map(|()| h)))
+                .map(|b| Hello::parse(&b).and_then(|h| h.check_connector().map(|()| h)))
                 .transpose()
         });
         let hello = match outcome {
@@ -282,35 +282,13 @@ impl Door {
     }
 }
 
-impl Drop for Door {
-    fn drop(&mut self) {
-        let hall = self.hall.get_mut();
-        for stream in hall.unproven.values() {
-            self.epoll.remove(stream.raw_fd());
-        }
-        self.epoll.remove(self.listener.as_raw_fd());
-    }
-}
-
-/// A hello a connector sends (an acceptor's reply sent here is an echo or a confusion).
-fn check_hello(hello: &Hello) -> Result<()> {
-    if hello.role == Role::Connect {
-        Ok(())
-    } else {
-        Err(Error::new(
-            crate::core::error::Kind::Remote,
-            "sent an acceptor's reply where a hello belongs",
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};
     use std::net::{Ipv4Addr, TcpStream};
 
     use super::*;
-    use crate::core::wire::{DATA_PATH_REVISION, Endpoint};
+    use crate::core::wire::{DATA_PATH_REVISION, Endpoint, Role};
 
     fn hello(role: Role, listen_nonce: u64) -> [u8; Hello::LEN] {
         Hello {

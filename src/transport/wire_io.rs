@@ -37,9 +37,9 @@ pub(super) fn socket_error(what: impl Into<String>, e: std::io::Error) -> Error 
                 format!(
                     "{what}: the process reached its open-file limit (RLIMIT_NOFILE {limit}): \
                      every comm keeps one TCP connection to its peer and a device with listen \
-                     comms open one listening socket; NCCL raises the soft limit to the hard one when it starts, so raise \
-                     the hard limit where the job starts (ulimit -Hn, systemd LimitNOFILE=, \
-                     docker --ulimit nofile=N:N)"
+                     comms open one listening socket; NCCL raises the soft limit to the hard \
+                     one when it starts, so raise the hard limit where the job starts (ulimit \
+                     -Hn, systemd LimitNOFILE=, docker --ulimit nofile=N:N)"
                 ),
                 e,
             )
