@@ -136,6 +136,7 @@ proptest! {
             quiet: split,
             failover: !split,
             failover_quiet: accept,
+            bounce_slots: 1 << (seed % 6),
         };
         prop_assert_eq!(Hello::parse(&h.emit()).unwrap(), h);
     }

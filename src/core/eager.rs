@@ -4,10 +4,12 @@
 //!
 //! A sender whose next message has no clear-to-send yet may write a small payload from host
 //! memory, for the tag the previous receive expected, straight into the receiver's bounce ring
-//! (one slot per message slot: the credits travel with the CTS traffic). A bounce slot is
-//! written again only once the receiver has shown that it read it: by an acknowledgement
-//! (written after the copy) or by the next CTS in that slot (its receive is posted only after
-//! the previous one there completed). A promise or a refusal shows nothing of the kind: the
+//! (message `seq` in bounce slot `seq % B`, B a power of two of at most [`SLOTS`] agreed in
+//! the handshake, see [`agreed_bounce_slots`]: the credits travel with the CTS traffic). A
+//! bounce slot is written again only once the receiver has shown that it read the message in
+//! it: by an acknowledgement (written after the copy), by the CTS of a receive at least a ring
+//! of [`SLOTS`] later (receives are posted in order, and one is posted only after the receive
+//! a ring before it, in its message slot, completed), or by a credit past it. A promise or a refusal shows nothing of the kind: the
 //! receiver reads the slot when it handles the arrival, which can be after the sender's own
 //! write completed. Each eager message is answered by exactly one write the receiver makes
 //! anyway, in the message's CTS slot:
@@ -55,12 +57,26 @@ const SIZE_MASK: u32 = (1 << SEQ_SHIFT) - 1;
 /// immediate with the top bit set always means "eager".
 pub const MAX_RENDEZVOUS_IMM: u64 = (EAGER_FLAG - 1) as u64;
 
-/// Bytes of a bounce ring whose slots take `eager_bytes` (none when the eager path is off).
-pub fn ring_bytes(eager_bytes: u64) -> u64 {
+/// Bytes of a bounce ring of `slots` slots that take `eager_bytes` (none when the eager path is
+/// off).
+pub fn ring_bytes(eager_bytes: u64, slots: usize) -> u64 {
     if eager_bytes == 0 {
         return 0;
     }
-    SLOTS as u64 * (HEADER_BYTES as u64 + eager_bytes)
+    slots as u64 * (HEADER_BYTES as u64 + eager_bytes)
+}
+
+/// The bounce ring's slots on a connection whose hellos offered `connector` and `acceptor`
+/// slots ([`super::wire::Hello::bounce_slots`]): the smaller offer, so both sides reach the
+/// same count from the same two hellos. A whole ring of [`SLOTS`] where either side predates
+/// the offer (it sends 0 and indexes by message slot) or quiet receives are agreed (their
+/// credit comes every [`CREDIT_EVERY`] messages, which needs more slots than that in flight).
+pub fn agreed_bounce_slots(connector: u8, acceptor: u8, quiet: bool) -> usize {
+    if connector == 0 || acceptor == 0 || quiet {
+        SLOTS
+    } else {
+        usize::from(connector.min(acceptor))
+    }
 }
 
 /// Offset of bounce slot `slot` in a ring whose slots take `eager_bytes`: the message's header,
@@ -141,6 +157,19 @@ pub fn ack(seq: u64, delivered: u64) -> Cts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn both_sides_agree_on_the_smaller_ring_and_a_whole_one_for_old_peers_and_quiet() {
+        assert_eq!(agreed_bounce_slots(8, 8, false), 8);
+        assert_eq!(agreed_bounce_slots(16, 4, false), 4);
+        assert_eq!(agreed_bounce_slots(4, 16, false), 4);
+        // A peer before 0.3.10 indexes the ring by message slot.
+        assert_eq!(agreed_bounce_slots(0, 8, false), SLOTS);
+        assert_eq!(agreed_bounce_slots(8, 0, false), SLOTS);
+        assert_eq!(agreed_bounce_slots(8, 8, true), SLOTS);
+        assert_eq!(ring_bytes(4096, 8), 8 * 4112);
+        assert_eq!(ring_bytes(0, 8), 0);
+    }
 
     #[test]
     fn immediates_round_trip_and_rendezvous_ones_never_look_eager() {

@@ -7,6 +7,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use super::config::{MAX_FUSED_MEMBERS, MAX_QPS_PER_CONNECTION};
 use super::error::{Error, Result};
+use super::proto::SLOTS;
 
 const HANDLE_MAGIC: u32 = 0x5253_4942; // "RSIB"
 const HELLO_MAGIC: u32 = 0x5253_4948; // "RSIH"
@@ -251,12 +252,20 @@ pub struct Hello {
     /// zero too but ran failover on them: with quiet receives it disagrees with every other
     /// version (see the CHANGELOG).
     pub failover_quiet: bool,
+    /// Capability: the slots of the eager bounce ring this side offers (0.3.10 on; a power of
+    /// two of at most `SLOTS`, see `super::eager::agreed_bounce_slots`). Carried in
+    /// `BOUNCE_SLOTS_AT`, a byte older builds leave zero (their ring has a slot per message
+    /// slot) and ignore.
+    pub bounce_slots: u8,
 }
 
 /// Where the quiet-receives capability lies: byte 6 of the first member record (unused there).
 const QUIET_AT: usize = HELLO_MEMBERS_AT + 6;
 /// Where the failover capability lies: byte 7 of the first member record (unused there).
 const FAILOVER_AT: usize = HELLO_MEMBERS_AT + 7;
+/// Where the bounce ring's slots lie: byte 6 of the second member record (unused there, and
+/// present in every hello: unused member records are zero).
+const BOUNCE_SLOTS_AT: usize = HELLO_MEMBERS_AT + Endpoint::LEN + 6;
 
 const HELLO_QPNS_AT: usize = 40;
 const HELLO_MEMBERS_AT: usize = HELLO_QPNS_AT + 4 * MAX_CONNECTION_QPS;
@@ -295,6 +304,7 @@ impl Hello {
         }
         out[QUIET_AT] = u8::from(self.quiet);
         out[FAILOVER_AT] = u8::from(self.failover) | u8::from(self.failover_quiet) << 1;
+        out[BOUNCE_SLOTS_AT] = self.bounce_slots;
         out
     }
 
@@ -332,6 +342,13 @@ impl Hello {
                 revision.max(1)
             )));
         }
+        let bounce_slots = b[BOUNCE_SLOTS_AT];
+        if usize::from(bounce_slots) > SLOTS || bounce_slots.count_ones() > 1 {
+            return Err(remote(format!(
+                "announced an eager bounce ring of {bounce_slots} slots (a power of two up to \
+                 {SLOTS} expected)"
+            )));
+        }
         let (nqps, nmembers) = (usize::from(b[5]), usize::from(b[6]));
         if nqps == 0
             || nqps > MAX_CONNECTION_QPS
@@ -362,6 +379,7 @@ impl Hello {
             quiet: b[QUIET_AT] & 1 != 0,
             failover: b[FAILOVER_AT] & 1 != 0,
             failover_quiet: b[FAILOVER_AT] & 2 != 0,
+            bounce_slots,
         })
     }
 
@@ -548,6 +566,7 @@ mod tests {
             quiet: true,
             failover: true,
             failover_quiet: true,
+            bounce_slots: 8,
         }
     }
 
@@ -562,7 +581,18 @@ mod tests {
             member("mlx5_3", 2),
         ];
         assert_eq!(Hello::parse(&h.emit()).unwrap(), h);
-        for (at, value) in [(5, 0), (5, 65), (6, 0), (6, 5), (5, 3), (26, 0), (26, 3)] {
+        let bounce = BOUNCE_SLOTS_AT;
+        for (at, value) in [
+            (5, 0),
+            (5, 65),
+            (6, 0),
+            (6, 5),
+            (5, 3),
+            (26, 0),
+            (26, 3),
+            (bounce, 3),
+            (bounce, 64),
+        ] {
             let mut b = h.emit();
             b[at] = value;
             assert!(Hello::parse(&b).is_err(), "byte {at} = {value}");
@@ -591,6 +621,22 @@ mod tests {
         b[FAILOVER_AT] = 0;
         h.failover = false;
         h.failover_quiet = false;
+        assert_eq!(Hello::parse(&b).unwrap(), h);
+    }
+
+    /// A build before 0.3.10 leaves the bounce ring's byte zero (and ignores ours): its ring has
+    /// a slot per message slot, and its hello parses as one that offers no count.
+    #[test]
+    fn a_hello_without_the_bounce_slots_is_an_older_peer() {
+        let mut h = hello(Role::Connect, 0x100);
+        h.members.truncate(1);
+        let mut b = h.emit();
+        assert_eq!(
+            b[BOUNCE_SLOTS_AT], 8,
+            "in the second member record, even with one member"
+        );
+        b[BOUNCE_SLOTS_AT] = 0;
+        h.bounce_slots = 0;
         assert_eq!(Hello::parse(&b).unwrap(), h);
     }
 

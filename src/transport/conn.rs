@@ -13,7 +13,7 @@ use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
 use crate::core::eager;
 use crate::core::error::{Error, Kind, Result};
-use crate::core::proto::SLOTS;
+use crate::core::proto::{Layout, SLOTS};
 use crate::core::queues::QueueMemory;
 use crate::core::wire::{Cts, DATA_PATH_REVISION, Endpoint, Hello, MAX_RECVS, Role};
 use crate::topology::{GidEntry, IbRoute, ib_route};
@@ -46,26 +46,41 @@ pub(super) const SIZES_SLOT_BYTES: usize = MAX_RECVS * 8;
 pub(super) const SIZES_RING_BYTES: usize = SLOTS * SIZES_SLOT_BYTES;
 
 /// How a connection's eager path came out of the handshake, for its debug line.
-pub(super) fn describe_eager(eager_bytes: u64, quiet: bool) -> String {
-    match (eager_bytes, quiet) {
+pub(super) fn describe_eager(layout: &Layout) -> String {
+    let (bytes, slots) = (layout.eager_bytes, layout.bounce_slots);
+    match (bytes, layout.quiet) {
         (0, _) => "no eager messages".into(),
-        (_, false) => format!("eager messages up to {eager_bytes} bytes, no quiet receives"),
-        (_, true) => format!("eager messages up to {eager_bytes} bytes, quiet receives"),
+        (_, false) => {
+            format!("eager messages up to {bytes} bytes, {slots} in flight, no quiet receives")
+        }
+        (_, true) => {
+            format!("eager messages up to {bytes} bytes, {slots} in flight, quiet receives")
+        }
     }
+}
+
+/// The bounce ring's slots of a connection whose hellos offered `connector` and `acceptor`
+/// slots, with the eager path `eager_bytes` and quiet receives `quiet` agreed.
+pub(super) fn bounce_slots(connector: u8, acceptor: u8, eager_bytes: u64, quiet: bool) -> usize {
+    if eager_bytes == 0 {
+        return SLOTS;
+    }
+    eager::agreed_bounce_slots(connector, acceptor, quiet)
 }
 
 /// Bytes of the sender's staging region: a sizes slot and an eager header per message slot.
 pub(super) const STAGING_BYTES: usize = SIZES_RING_BYTES + SLOTS * eager::HEADER_BYTES;
 
-/// Sender QPs: room for four posts per message slot (a payload write and the closing
-/// write-with-immediate, or an eager message and the rendezvous write that may replace it), one
-/// less than a power of two (rxe rounds depth + 1 up to one; mlx5 rounds the queue's bytes).
+/// Sender QPs: room for two posts per message slot (a payload write and the closing
+/// write-with-immediate, or an eager message and the rendezvous write that may replace it; NCCL's
+/// usual send is one write), one less than a power of two (rxe rounds depth + 1 up to one; mlx5
+/// rounds the queue's bytes). NCCL's transport sizes its send queue alike (two per request).
 /// A message that needs more (up to `POSTS_PER_MESSAGE` per QP: a grouped receive of buffers
 /// over 1 GiB) waits in its lane's queue until completions make room (`held`). Inline up to 32
 /// bytes: what two scatter/gather entries take anyway, so it costs no memory on mlx5 or rxe
 /// (64 would double every entry on both, see `core::queues`).
 pub(super) const SEND_QP_CAPS: QpCaps = QpCaps {
-    max_send_wr: (4 * SLOTS - 1) as u32,
+    max_send_wr: (2 * SLOTS - 1) as u32,
     max_recv_wr: 1,
     max_inline: 32,
 };
@@ -159,7 +174,13 @@ pub(super) fn flush_cq_room(config: &Config) -> u32 {
 pub fn connection_memory(config: &Config, members: usize, memory: QueueMemory) -> ConnectionMemory {
     let region = |bytes: usize| (bytes as u64).div_ceil(PAGE) * PAGE;
     let lanes = members * config.qps_per_connection as usize;
-    let bounce = eager::ring_bytes(agreed_eager_bytes(config, lanes, u64::MAX));
+    // A peer of this version, without quiet receives, agrees on this side's slots.
+    let slots = if config.quiet {
+        SLOTS
+    } else {
+        usize::from(config.eager_slots)
+    };
+    let bounce = eager::ring_bytes(agreed_eager_bytes(config, lanes, u64::MAX), slots);
     // With quiet receives, the sender's staging ring for eager payloads matches the bounce ring.
     let eager_staging = if config.quiet {
         region(bounce as usize)
@@ -533,6 +554,7 @@ pub(super) fn local_hello(
         quiet: ctx.config.quiet,
         failover: ctx.config.port_failover,
         failover_quiet: ctx.config.port_failover,
+        bounce_slots: ctx.config.eager_slots,
     }
 }
 
@@ -835,6 +857,7 @@ mod tests {
             quiet: true,
             failover,
             failover_quiet,
+            bounce_slots: 8,
         }
     }
 
@@ -899,24 +922,25 @@ mod tests {
         let mlx5 = connection_memory(&config, 1, QueueMemory::Pinned);
         // Send: CTS ring 32 x 8 x 64 B and the credit's line -> 5 pages, staging (sizes 2048 B
         // + eager headers 512 B) -> 1 page. Receive: sizes ring 2048 B + bounce ring
-        // 32 x (16 + 4096) B -> 33 pages, CTS staging (two rings and the credit word) 9 pages.
-        assert_eq!(mlx5.registered, (5 + 1 + 33 + 9) * PAGE);
-        // mlx5: the send QP 127 x 256-byte entries (32 KiB) and its receive queue, 9 pages;
+        // 8 x (16 + 4096) B -> 9 pages, CTS staging (two rings and the credit word) 9 pages.
+        assert_eq!(mlx5.registered, (5 + 1 + 9 + 9) * PAGE);
+        // mlx5: the send QP 63 x 256-byte entries (16 KiB) and its receive queue, 5 pages;
         // the receive QP 63 x 320-byte entries (64 inline: 32 KiB) and 64 receives, 9 pages;
-        // two CQs of 256 entries (144 and 175 asked for), 4 pages each.
-        assert_eq!(mlx5.queues, (9 + 9 + 4 + 4) * PAGE);
-        assert_eq!(mlx5.pinned(), (48 + 26) * PAGE);
+        // CQs of 128 and 256 entries (80 and 175 asked for), 2 and 4 pages.
+        assert_eq!(mlx5.queues, (5 + 9 + 2 + 4) * PAGE);
+        assert_eq!(mlx5.pinned(), (24 + 20) * PAGE);
         // rxe keeps its queues in kernel memory: only the rings count against memlock.
         let rxe = connection_memory(&config, 1, QueueMemory::Kernel);
-        assert_eq!(rxe.pinned(), 48 * PAGE);
+        assert_eq!(rxe.pinned(), 24 * PAGE);
         assert!(rxe.queues > 0);
-        // Quiet receives: the sender's eager staging ring matches the bounce ring, 33 pages.
+        // Quiet receives: a bounce ring of 32 slots, 33 pages with the sizes ring, and the
+        // sender's eager staging ring that matches it, 33 more.
         let quiet = Config {
             quiet: true,
             ..Config::default()
         };
         let quiet = connection_memory(&quiet, 1, QueueMemory::Pinned);
-        assert_eq!(quiet.registered, mlx5.registered + 33 * PAGE);
+        assert_eq!(quiet.registered, mlx5.registered + (24 + 33) * PAGE);
         // Two members, two QPs each: no eager path, no bounce ring; every ring registered on
         // both members; with failover every CQ has room for all four lanes.
         let fused = Config {
@@ -925,8 +949,8 @@ mod tests {
         };
         let two = connection_memory(&fused, 2, QueueMemory::Pinned);
         assert_eq!(two.registered, 2 * (6 + 10) * PAGE);
-        let qps = 4 * (9 + 9) * PAGE;
-        // CQs: 4 x 128 + 16 = 528 -> 1024 entries (64 KiB); 4 x 127 + 32 + 16 = 556 -> 64 KiB.
-        assert_eq!(two.queues, qps + 2 * (16 + 16) * PAGE);
+        let qps = 4 * (5 + 9) * PAGE;
+        // CQs: 4 x 64 + 16 = 272 -> 512 entries (32 KiB); 4 x 127 + 32 + 16 = 556 -> 1024 (64 KiB).
+        assert_eq!(two.queues, qps + 2 * (8 + 16) * PAGE);
     }
 }

@@ -316,6 +316,7 @@ mod tests {
             quiet: false,
             failover: false,
             failover_quiet: false,
+            bounce_slots: 0,
         }
         .emit()
     }

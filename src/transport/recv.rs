@@ -13,9 +13,9 @@ use parking_lot::Mutex;
 use super::conn::{
     CREDIT_OFFSET, CREDIT_STAGING, CTS_RING_BYTES, CTS_SIGNAL_EVERY, CTS_STAGING_REGION_BYTES,
     FLUSH_QP_CAPS, Failure, Nonces, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES, SIZES_SLOT_BYTES,
-    WR_CTS, WR_DRAIN, WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, check_alive,
-    check_peer, completion_error, describe_eager, describe_local, describe_remote, failover_agreed,
-    flush_cq_room, local_hello, path_params, quiet_receives,
+    WR_CTS, WR_DRAIN, WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, bounce_slots,
+    check_alive, check_peer, completion_error, describe_eager, describe_local, describe_remote,
+    failover_agreed, flush_cq_room, local_hello, path_params, quiet_receives,
 };
 use super::failover::{Failover, Repairing, log_failover};
 use super::health::DeviceHealth;
@@ -190,6 +190,7 @@ impl RecvComm {
         let traffic = ctx.config.receiver_traffic(chosen, ctx.ports[0].is_roce());
         qps.connect(ctx, remote, traffic)?;
         let eager_bytes = agreed_eager_bytes(&ctx.config, qps.len(), u64::from(remote.eager_bytes));
+        let quiet = quiet_receives(&ctx.config, eager_bytes, remote);
         if eager_bytes > 0 {
             // Eager messages arrive unannounced: keep a receive posted for every slot.
             for _ in 0..SLOTS {
@@ -197,9 +198,16 @@ impl RecvComm {
             }
         }
         let pds = ctx.pds();
+        // The reply offers this side's `eager_slots` (`local_hello`).
+        let bounce_slots = bounce_slots(
+            remote.bounce_slots,
+            ctx.config.eager_slots,
+            eager_bytes,
+            quiet,
+        );
         let sizes_ring = HostRegion::new(
             &pds,
-            SIZES_RING_BYTES + eager::ring_bytes(eager_bytes) as usize,
+            SIZES_RING_BYTES + eager::ring_bytes(eager_bytes, bounce_slots) as usize,
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
         let cts_staging = HostRegion::new(&pds, CTS_STAGING_REGION_BYTES, Access::LOCAL_WRITE)?;
@@ -223,7 +231,8 @@ impl RecvComm {
             local_members: ctx.ports.len(),
             remote_members: remote.members.len(),
             eager_bytes,
-            quiet: quiet_receives(&ctx.config, eager_bytes, remote),
+            quiet,
+            bounce_slots,
         };
         let local = describe_local(ctx, &qps.gids);
         let remote_desc = describe_remote(remote, peer);
@@ -234,7 +243,7 @@ impl RecvComm {
         tracing::debug!(
             "recv comm accepted: {remote_desc} -> {local}, {} QPs, {qos}, {}",
             layout.nqps,
-            describe_eager(eager_bytes, layout.quiet)
+            describe_eager(&layout)
         );
         let failover = failover_agreed(&hello, remote, layout.quiet)
             .then(|| Box::new(Failover::lead(ctx, layout, remote.members.clone())));
@@ -778,7 +787,8 @@ impl RecvComm {
     /// and copy it when its receive was posted first, else post the receive its
     /// write-with-immediate used again.
     fn eager_arrived(&self, st: &mut RecvState, qp: usize, a: Announced) -> Result<()> {
-        let at = self.bounce_slot_at(st.proto.layout(), a.slot(SLOTS));
+        let layout = st.proto.layout();
+        let at = self.bounce_slot_at(layout, a.slot(layout.bounce_slots));
         // The write-with-immediate completed, so the header is in place; the sender writes this
         // slot again only after the message was answered.
         let seq = u64::from_le_bytes(self.sizes_ring.read(at));

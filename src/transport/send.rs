@@ -12,8 +12,8 @@ use super::DeviceContext;
 use super::conn::{
     CREDIT_OFFSET, CTS_REGION_BYTES, Failure, Nonces, QpSet, SEND_QP_CAPS, SIZES_RING_BYTES,
     SIZES_SLOT_BYTES, STAGING_BYTES, WR_DATA, WR_INDEX_MASK, WR_SEND_DONE, agreed_eager_bytes,
-    check_alive, check_peer, completion_error, connection_qps, describe_eager, describe_local,
-    describe_remote, failover_agreed, local_hello, quiet_receives, random_u64,
+    bounce_slots, check_alive, check_peer, completion_error, connection_qps, describe_eager,
+    describe_local, describe_remote, failover_agreed, local_hello, quiet_receives, random_u64,
 };
 use super::failover::{Failover, Repairing, log_failover};
 use super::health::DeviceHealth;
@@ -223,18 +223,25 @@ impl Connecting {
         let staging = HostRegion::new(&self.ctx.pds(), STAGING_BYTES, Access::LOCAL_WRITE)?;
         let nqps = pending.qps.len();
         let eager_bytes = agreed_eager_bytes(config, nqps, u64::from(remote.eager_bytes));
+        let quiet = quiet_receives(config, eager_bytes, remote);
         let layout = Layout {
             nqps,
             split: config.split_data_on_qps,
             local_members: self.ctx.ports.len(),
             remote_members: remote.members.len(),
             eager_bytes,
-            quiet: quiet_receives(config, eager_bytes, remote),
+            quiet,
+            bounce_slots: bounce_slots(
+                pending.hello.bounce_slots,
+                remote.bounce_slots,
+                eager_bytes,
+                quiet,
+            ),
         };
         // With quiet receives, eager payloads are copied here before they go (see
         // `core::proto`).
         let eager_staging = if layout.quiet {
-            let ring = eager::ring_bytes(eager_bytes) as usize;
+            let ring = eager::ring_bytes(eager_bytes, layout.bounce_slots) as usize;
             Some(HostRegion::new(&self.ctx.pds(), ring, Access::LOCAL_WRITE)?)
         } else {
             None
@@ -265,7 +272,7 @@ impl Connecting {
             "send comm connected: {local} -> {remote_desc}, {} QPs, {}, {}, {}",
             layout.nqps,
             pending.qps.describe_qos(self.traffic),
-            describe_eager(layout.eager_bytes, layout.quiet),
+            describe_eager(&layout),
             split_above.map_or("no adaptive-routing split".to_owned(), |t| format!(
                 "adaptive routing: data writes over {t} bytes split"
             ))
@@ -721,6 +728,7 @@ impl SendComm {
             Post::Eager {
                 qp,
                 slot,
+                bounce,
                 seq,
                 tag,
                 local_addr,
@@ -733,7 +741,7 @@ impl SendComm {
                 let header = eager::header(seq, tag);
                 let len = u32::try_from(len).unwrap_or(0);
                 // The slot's place in the bounce ring, and in the staging ring that mirrors it.
-                let offset = eager::slot_offset(slot, self.layout.eager_bytes);
+                let offset = eager::slot_offset(bounce, self.layout.eager_bytes);
                 let (head, tail) = match &self.eager_staging {
                     // Quiet receives: both copied into the slot's staging and written from
                     // there; the send is done once written, the copy stays for a refusal.

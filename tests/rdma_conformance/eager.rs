@@ -9,6 +9,7 @@
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
+use nccl_net::core::config::DEFAULT_EAGER_SLOTS;
 use nccl_net::core::eager::CREDIT_EVERY;
 use nccl_net::core::proto::SLOTS;
 use nccl_net::driver::NCCL_PTR_CUDA;
@@ -297,13 +298,27 @@ fn cuda_typed_registrations_never_take_the_eager_path(cx: &mut Cx) {
     }
 }
 
-/// Eager messages and no receive: sends start eagerly until the bounce slots run out (at most
-/// one per slot; the credit returns slots every `CREDIT_EVERY` messages, so the last few of the
-/// ring before may still be held), then the next send waits until the receiver took messages
-/// and its credit arrived. `n` messages in all, every one byte-exact.
+/// The bounce ring both sides agree on: `RSIB_EXPECT_BOUNCE_SLOTS` where the scenario sets
+/// the two sides' `NCCL_NET_RS_EAGER_SLOTS`, else the default; a whole ring of `SLOTS` with quiet
+/// receives.
+fn bounce_slots_here() -> usize {
+    if quiet_here() {
+        return SLOTS;
+    }
+    std::env::var("RSIB_EXPECT_BOUNCE_SLOTS")
+        .map_or(usize::from(DEFAULT_EAGER_SLOTS), |v| v.parse().unwrap())
+}
+
+/// Eager messages and no receive: sends start eagerly until the bounce slots run out (one per
+/// slot: without quiet receives exactly the ring, the smaller of both sides'
+/// `NCCL_NET_RS_EAGER_SLOTS`; with them the credit returns slots every `CREDIT_EVERY` messages,
+/// so the last few of the ring before may still be held), then the next send waits until the
+/// receiver took messages and its answer or credit arrived. `n` messages in all, every one
+/// byte-exact.
 fn credits_run_out_after_a_ring_of_eager_messages(cx: &mut Cx) {
     const LEN: usize = 16;
-    let n = SLOTS + 1;
+    let ring = bounce_slots_here();
+    let n = ring + 1;
     if cx.rank == 0 {
         let rc = cx.accept_pair();
         warm_up(cx, rc, 0);
@@ -333,9 +348,14 @@ fn credits_run_out_after_a_ring_of_eager_messages(cx: &mut Cx) {
             reqs.push(req);
         }
         let started = reqs.len();
+        let expected = if quiet_here() {
+            SLOTS - CREDIT_EVERY as usize..=SLOTS
+        } else {
+            ring..=ring
+        };
         assert!(
-            (SLOTS - CREDIT_EVERY as usize..=SLOTS).contains(&started),
-            "{started} eager sends started before the bounce slots ran out"
+            expected.contains(&started),
+            "{started} eager sends started before the {ring} bounce slots ran out"
         );
         for req in &reqs {
             assert_eq!(cx.net.wait(*req)[0], LEN as i32, "an eager send completes");
@@ -585,6 +605,32 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         ranks: 2,
         run: credits_run_out_after_a_ring_of_eager_messages,
         env: &[],
+    },
+    // The receiver offers 4 bounce slots, the sender 32: both use 4.
+    Scenario {
+        name: "eager/bounce_ring_is_the_smaller_offer",
+        ranks: 2,
+        run: credits_run_out_after_a_ring_of_eager_messages,
+        env: &[
+            &[
+                ("NCCL_NET_RS_EAGER_SLOTS", "4"),
+                ("RSIB_EXPECT_BOUNCE_SLOTS", "4"),
+            ],
+            &[
+                ("NCCL_NET_RS_EAGER_SLOTS", "32"),
+                ("RSIB_EXPECT_BOUNCE_SLOTS", "4"),
+            ],
+        ],
+    },
+    // Both offer a whole ring: a slot per message slot, as before 0.3.10.
+    Scenario {
+        name: "eager/bounce_ring_of_a_slot_per_message_slot",
+        ranks: 2,
+        run: credits_run_out_after_a_ring_of_eager_messages,
+        env: &[&[
+            ("NCCL_NET_RS_EAGER_SLOTS", "32"),
+            ("RSIB_EXPECT_BOUNCE_SLOTS", "32"),
+        ]],
     },
     Scenario {
         name: "eager/larger_than_its_receive_is_truncated_by_rendezvous",

@@ -101,6 +101,7 @@ fn intrude(kind: Intruder, addr: SocketAddr) -> Option<TcpStream> {
                 quiet: false,
                 failover: false,
                 failover_quiet: false,
+                bounce_slots: 0,
             };
             s.write_all(&hello.emit()).unwrap();
             Some(s)

@@ -170,6 +170,11 @@ pub const KNOBS: &[Knob] = &[
         meaning: "largest host-memory message sent without waiting for the clear-to-send (0 = never; at most 65536)",
     },
     Knob {
+        name: "NCCL_NET_RS_EAGER_SLOTS",
+        default: "8",
+        meaning: "slots of a receive comm's eager bounce ring (a power of two, 1 to 32): eager messages in flight per comm, each slot pinning NCCL_NET_RS_EAGER_BYTES; a connection uses the smaller of both sides' values, 32 with quiet receives or a peer before 0.3.10",
+    },
+    Knob {
         name: "NCCL_NET_RS_QUIET",
         default: "0",
         meaning: "1 = offer quiet receives: while eager messages flow, a host-memory receive writes no clear-to-send (used when both sides offer it; a truncated eager send then reports the size it was given); 0 = every receive writes one, as NCCL's transport does (on rxe 1 shortens the latency up to 512 B and lowers the message rate at 64 B)",

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use super::eager::MAX_EAGER_BYTES;
 use super::error::{Error, Result};
+use super::proto::SLOTS;
 
 mod knobs;
 
@@ -29,6 +30,9 @@ pub struct Traffic {
 
 /// Default of `NCCL_NET_RS_EAGER_BYTES`.
 pub const DEFAULT_EAGER_BYTES: u64 = 4096;
+/// Default slots of a receive comm's eager bounce ring (`NCCL_NET_RS_EAGER_SLOTS`): NCCL's
+/// proxy keeps at most `NCCL_STEPS` (8) sends in flight per comm.
+pub const DEFAULT_EAGER_SLOTS: u8 = 8;
 
 /// Most QPs one connection may use.
 pub const MAX_QPS_PER_CONNECTION: u32 = 16;
@@ -199,6 +203,10 @@ pub struct Config {
     pub return_async_events: bool,
     /// Largest message of the eager path (`NCCL_NET_RS_EAGER_BYTES`); 0 = off.
     pub eager_bytes: u64,
+    /// Slots of a receive comm's eager bounce ring (`NCCL_NET_RS_EAGER_SLOTS`): a power of two
+    /// up to `core::proto::SLOTS`; what the peer offers and quiet receives may raise it (see
+    /// `core::eager::agreed_bounce_slots`).
+    pub eager_slots: u8,
     /// Offer quiet receives (`NCCL_NET_RS_QUIET`, see `core::proto`); off by default: a
     /// truncated quiet eager send reports the size it was given (docs/design.md).
     pub quiet: bool,
@@ -248,6 +256,7 @@ impl Default for Config {
             dmabuf_enabled: true,
             return_async_events: true,
             eager_bytes: DEFAULT_EAGER_BYTES,
+            eager_slots: DEFAULT_EAGER_SLOTS,
             quiet: false,
             quiet_wait: Duration::from_micros(200),
             batch: false,
@@ -264,6 +273,18 @@ fn number(name: &str, value: &str, min: i64, max: i64) -> Result<i64> {
             "{name}='{value}' is not valid: expected an integer in {min}..={max}"
         ))),
     }
+}
+
+/// A bounce ring's slot count: a power of two in `1..=SLOTS`, so that a sequence number's low
+/// bits name its slot on both sides.
+fn eager_slots(name: &str, value: &str) -> Result<u8> {
+    let v: u8 = narrow(number(name, value, 1, SLOTS as i64)?);
+    if !v.is_power_of_two() {
+        return Err(Error::config(format!(
+            "{name}='{value}' is not valid: expected a power of two in 1..={SLOTS}"
+        )));
+    }
+    Ok(v)
 }
 
 /// `-1` (NCCL's "unset") or a value in `0..=max`.
@@ -448,6 +469,7 @@ impl Config {
                 "NCCL_NET_RS_EAGER_BYTES" => {
                     c.eager_bytes = narrow(number(name, value, 0, MAX_EAGER_BYTES as i64)?);
                 }
+                "NCCL_NET_RS_EAGER_SLOTS" => c.eager_slots = eager_slots(name, value)?,
                 "NCCL_NET_RS_QUIET" => c.quiet = number(name, value, 0, 1)? == 1,
                 "NCCL_NET_RS_QUIET_WAIT_US" => {
                     c.quiet_wait =

@@ -137,6 +137,9 @@ pub struct Layout {
     pub eager_bytes: u64,
     /// Receives may stay quiet (both hellos offer it, eager path in use): see [`RecvSide`].
     pub quiet: bool,
+    /// Slots of the receiver's bounce ring, a power of two of at most [`SLOTS`]
+    /// ([`eager::agreed_bounce_slots`]): eager message `seq` lands in slot `seq % bounce_slots`.
+    pub bounce_slots: usize,
 }
 
 impl Layout {
@@ -149,7 +152,13 @@ impl Layout {
             remote_members: 1,
             eager_bytes: 0,
             quiet: false,
+            bounce_slots: SLOTS,
         }
+    }
+
+    /// The bounce slot eager message `seq` lands in.
+    pub fn bounce_slot(&self, seq: u64) -> usize {
+        usize::try_from(seq % self.bounce_slots.max(1) as u64).unwrap_or(0)
     }
 
     /// Whether a message's sizes travel in the receiver's sizes ring instead of the immediates:

@@ -105,12 +105,14 @@ pub enum Post {
         slot: usize,
     },
     /// An eager message: one signaled write-with-immediate of its [`eager::header`] and the
-    /// payload behind it into the receiver's bounce slot `slot`.
+    /// payload behind it into the receiver's bounce slot `bounce`.
     Eager {
         /// QP index.
         qp: usize,
-        /// Message (and bounce) slot.
+        /// Message slot.
         slot: usize,
+        /// Bounce slot ([`super::Layout::bounce_slot`]).
+        bounce: usize,
         /// Message sequence number.
         seq: u64,
         /// The send's tag.

@@ -331,7 +331,7 @@ impl RecvSide {
     /// an eager message for it that landed carries that sequence number in the slot's header.
     pub fn next_eager(&self) -> Option<(u64, usize)> {
         self.eager_active()
-            .then(|| (self.next_seq, slot_of(self.next_seq)))
+            .then(|| (self.next_seq, self.layout.bounce_slot(self.next_seq)))
     }
 
     /// Whether eager message `seq` may be copied into its receive.
@@ -554,7 +554,7 @@ impl RecvSide {
                     self.expected[q].remove(seq);
                 }
                 Ok(Arrived::Copied(EagerCopy {
-                    bounce_slot: slot,
+                    bounce_slot: self.layout.bounce_slot(seq),
                     addr: b.addr,
                     len,
                 }))
@@ -630,7 +630,7 @@ impl RecvSide {
                 });
                 self.next_seq += 1;
                 let copy = EagerCopy {
-                    bounce_slot: slot,
+                    bounce_slot: self.layout.bounce_slot(seq),
                     addr: b.addr,
                     len,
                 };

@@ -110,12 +110,12 @@ pub struct SendSide {
     /// Per lane, the members its QP connects (this side's, the peer's): the layout's, until a
     /// repair moves the lane.
     routes: Vec<(usize, usize)>,
-    /// Per slot, the eager message written into its bounce slot that the receiver has not yet
-    /// shown it read: an acknowledgement shows it (written after the copy), and so does any
-    /// later answer in the slot (the receive of the next message there is posted only after
-    /// this one completed) or a credit past it. A promise or a refusal does not: the receiver
-    /// reads the bounce slot when it handles the arrival, which may come after the sender's own
-    /// write completed. No eager message goes into such a slot.
+    /// Per bounce slot (the first [`Layout::bounce_slots`]), the eager message written into it
+    /// that the receiver has not yet shown it read: an acknowledgement shows it (written after
+    /// the copy), and so does the CTS of a receive a ring of [`SLOTS`] or more later (see
+    /// [`Self::read_before`]) or a credit past it. A promise or a refusal does not: the
+    /// receiver reads the bounce slot when it handles the arrival, which may come after the
+    /// sender's own write completed. No eager message goes into such a slot.
     unread: [Option<u64>; SLOTS],
     /// The vector the next [`Accepted::posts`] is built in, handed back by [`Self::recycle`]
     /// so that sending allocates nothing once it has grown to a message's posts.
@@ -181,9 +181,7 @@ impl SendSide {
             return Ok(());
         }
         self.credit = credit;
-        for u in &mut self.unread {
-            *u = u.filter(|&s| s >= credit);
-        }
+        self.read_before(credit);
         while let Some(&seq) = self.awaiting.front().filter(|&&s| s < credit) {
             let slot = slot_of(seq);
             match self.slots[slot] {
@@ -199,10 +197,34 @@ impl SendSide {
                 }
             }
             self.awaiting.pop_front();
-            self.unread[slot] = None;
             self.delivered(slot);
         }
         Ok(())
+    }
+
+    /// The receiver read every bounce slot holding a message before `seq`.
+    fn read_before(&mut self, seq: u64) {
+        for u in &mut self.unread[..self.layout.bounce_slots] {
+            *u = u.filter(|&s| s >= seq);
+        }
+    }
+
+    /// The receive of message `seq` was posted (its CTS arrived): receives are posted in order,
+    /// and each only once the receive a ring before it (in its message slot) completed, so every
+    /// message a ring or more before `seq` was received and its bounce slot read.
+    fn posted_through(&mut self, seq: u64) {
+        if let Some(read) = (seq + 1).checked_sub(SLOTS as u64) {
+            self.read_before(read);
+        }
+    }
+
+    /// Eager message `seq` was acknowledged or overtaken in its message slot: its bounce slot
+    /// was read.
+    fn read(&mut self, seq: u64) {
+        let bounce = self.layout.bounce_slot(seq);
+        if self.unread[bounce] == Some(seq) {
+            self.unread[bounce] = None;
+        }
     }
 
     /// The eager message in `slot` was delivered whole; the slot is free if NCCL already saw
@@ -280,9 +302,7 @@ impl SendSide {
         let seq = self.next_seq;
         let refusing = refused(entries);
         check_cts(seq, entries)?;
-        // The receive of `seq` was posted, so the one of the eager message before it in this
-        // slot completed: its bounce slot was read.
-        self.unread[slot_of(seq)] = None;
+        self.posted_through(seq);
         if entries.len() > 1 {
             // A grouped receive: the receiver stops taking eager messages too.
             self.eager = false;
@@ -392,7 +412,7 @@ impl SendSide {
                     ),
                 ));
             }
-            self.unread[slot] = None;
+            self.posted_through(first.seq_plus_one - 1);
             true
         } else if first.nreqs == 0 && entries.len() == 1 {
             // Acknowledged after the copy: the bounce slot was read.
@@ -405,7 +425,7 @@ impl SendSide {
                     ),
                 ));
             }
-            self.unread[slot] = None;
+            self.read(seq);
             true
         } else {
             let refusing = refused(entries);
@@ -549,7 +569,7 @@ impl SendSide {
     /// threshold, a bounce slot the receiver has read, and no sends held for renumbering.
     fn eager_may_carry(&self, buf: &SendBuf) -> bool {
         self.eager
-            && self.unread[slot_of(self.next_seq)].is_none()
+            && self.unread[self.layout.bounce_slot(self.next_seq)].is_none()
             && buf.host
             && buf.size <= self.layout.eager_bytes
             && self.held.is_empty()
@@ -572,7 +592,7 @@ impl SendSide {
         let kept = match self.staging {
             Some(st) => SendBuf {
                 addr: st.addr
-                    + eager::slot_offset(slot, self.layout.eager_bytes)
+                    + eager::slot_offset(self.layout.bounce_slot(seq), self.layout.eager_bytes)
                     + eager::HEADER_BYTES as u64,
                 lkeys: st.lkeys,
                 ..buf
@@ -591,7 +611,7 @@ impl SendSide {
         if how != Eager::Promised {
             self.awaiting.push_back(seq);
         }
-        self.unread[slot] = Some(seq);
+        self.unread[self.layout.bounce_slot(seq)] = Some(seq);
         self.next_seq += 1;
         let qp = self.layout.qps_for(seq, buf.size).start;
         let mut posts = std::mem::take(&mut self.spare_posts);
@@ -729,6 +749,7 @@ impl SendSide {
         Post::Eager {
             qp,
             slot,
+            bounce: self.layout.bounce_slot(seq),
             seq,
             tag: buf.tag,
             local_addr: buf.addr,

@@ -17,6 +17,7 @@ fn fused(members: usize, per_member: usize) -> Layout {
         remote_members: members,
         eager_bytes: 0,
         quiet: false,
+        bounce_slots: crate::core::proto::SLOTS,
     }
 }
 

@@ -360,9 +360,11 @@ fn an_eager_message_landing_after_a_cts_for_another_tag_stops_the_receiver_too()
 }
 
 #[test]
-fn credits_run_out_after_a_ring_of_unanswered_eager_messages() {
+fn credits_run_out_after_a_bounce_ring_of_unanswered_eager_messages() {
     let mut p = Pair::eager(EAGER, 1);
-    let sends: Vec<Accepted> = (0..SLOTS as u64)
+    let bounce_slots = p.send.layout().bounce_slots as u64;
+    assert_eq!(bounce_slots, 8, "the default ring");
+    let sends: Vec<Accepted> = (0..bounce_slots)
         .map(|i| p.isend(sbuf(i * 8, 8, 1)).unwrap().unwrap())
         .collect();
     assert!(sends.iter().all(is_eager));
@@ -374,15 +376,11 @@ fn credits_run_out_after_a_ring_of_unanswered_eager_messages() {
     p.deliver_all();
     let slot = p.irecv(&[rbuf(8192, 8, 1)]).unwrap();
     assert_eq!(p.received(slot), Some(vec![8]));
-    assert_eq!(
-        p.isend(sbuf(0, 8, 1)).unwrap(),
-        None,
-        "the slot is NCCL's until tested"
-    );
-    assert_eq!(p.sent(sends[0].req), Some(8));
-    p.send.release(sends[0].req);
+    // Message 8's message slot is free and its bounce slot, message 0's, was acknowledged.
     let next = p.isend(sbuf(512, 8, 1)).unwrap().unwrap();
     assert!(is_eager(&next), "the acknowledgement returned the credit");
+    assert_eq!(p.sent(sends[0].req), Some(8));
+    p.send.release(sends[0].req);
     for (i, a) in sends.iter().enumerate().skip(1) {
         let s = p.irecv(&[rbuf(8192 + 64 * i as u64, 8, 1)]).unwrap();
         assert_eq!(p.received(s), Some(vec![8]));
@@ -396,9 +394,11 @@ fn credits_run_out_after_a_ring_of_unanswered_eager_messages() {
 /// but the receiver has not handled the arrival yet. When the ring comes round to that slot,
 /// the next message must not be written into the bounce slot the receiver is still to read
 /// (it read the newer header: "eager message N arrived with the header of message N+32").
+/// On a ring of a slot per message slot (a peer before 0.3.10), where the next CTS in the slot
+/// shows it read.
 #[test]
 fn a_bounce_slot_is_not_written_again_before_the_receiver_read_it() {
-    let mut p = Pair::eager(EAGER, 1);
+    let mut p = Pair::eager_ring(EAGER, 1, false, SLOTS);
     let a = p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
     assert!(is_eager(&a));
     let promised = p.irecv(&[rbuf(4096, 8, 1)]).unwrap();
@@ -444,5 +444,80 @@ fn a_bounce_slot_is_not_written_again_before_the_receiver_read_it() {
     assert!(
         is_eager(&d),
         "the CTS showed the slot read: eager again after it"
+    );
+}
+
+/// The same race on a ring of fewer bounce slots than message slots (0.3.10's default, 8): the
+/// promised message's bounce slot is shown read by no acknowledgement and no CTS in its message
+/// slot, so every message that would land there goes by rendezvous, while the others go
+/// eagerly, until the CTS of a receive a whole ring of message slots later shows it read.
+#[test]
+fn a_promised_bounce_slot_of_a_small_ring_is_free_again_a_ring_of_receives_later() {
+    let mut p = Pair::eager(EAGER, 1);
+    let bounce_slots = p.send.layout().bounce_slots as u64;
+    let a = p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
+    assert!(is_eager(&a));
+    let first = p.send.layout().bounce_slot(0);
+    let promised = p.irecv(&[rbuf(4096, 8, 1)]).unwrap();
+    let qp = a.posts[0].qp();
+    let held = p.wire[qp].pop_front().unwrap();
+    p.send.handle_completion(qp).unwrap();
+    assert_eq!(
+        p.sent(a.req),
+        Some(8),
+        "promised and written: done for NCCL"
+    );
+    p.send.release(a.req);
+    p.land(held);
+    assert_eq!(p.received(promised), Some(vec![8]));
+    p.recv.release(promised);
+    // Message 0's own message slot comes round at SLOTS: its CTS shows message 0 read.
+    for i in 1..=SLOTS as u64 {
+        let dst = 8192 + 64 * (i % 16);
+        let in_first = p.send.layout().bounce_slot(i) == first;
+        if in_first {
+            assert_eq!(
+                p.isend(sbuf(8 * (i % 16), 8, 1)).unwrap(),
+                None,
+                "message {i}: the bounce slot of the promised message is unread"
+            );
+            let r = p.irecv(&[rbuf(dst, 8, 1)]).unwrap();
+            let s = p.isend(sbuf(8 * (i % 16), 8, 1)).unwrap().unwrap();
+            assert!(!is_eager(&s), "message {i} went with its CTS");
+            p.deliver_all();
+            assert_eq!(p.received(r), Some(vec![8]));
+            assert_eq!(p.sent(s.req), Some(8));
+            p.send.release(s.req);
+            p.recv.release(r);
+        } else {
+            let s = p.isend(sbuf(8 * (i % 16), 8, 1)).unwrap().unwrap();
+            assert!(
+                is_eager(&s),
+                "message {i} lands in an acknowledged bounce slot"
+            );
+            p.deliver_all();
+            let r = p.irecv(&[rbuf(dst, 8, 1)]).unwrap();
+            assert_eq!(p.received(r), Some(vec![8]));
+            assert_eq!(p.sent(s.req), Some(8));
+            p.send.release(s.req);
+            p.recv.release(r);
+        }
+        assert_delivered(&p, dst, 8 * (i % 16), 8);
+    }
+    let next = SLOTS as u64 + bounce_slots;
+    assert_eq!(p.send.layout().bounce_slot(next), first);
+    for i in SLOTS as u64 + 1..next {
+        let s = p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
+        assert!(is_eager(&s), "message {i}");
+        p.deliver_all();
+        let r = p.irecv(&[rbuf(8192, 8, 1)]).unwrap();
+        assert_eq!(p.received(r), Some(vec![8]));
+        p.send.release(s.req);
+        p.recv.release(r);
+    }
+    let s = p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
+    assert!(
+        is_eager(&s),
+        "message {next}: the CTS of message {SLOTS} showed its bounce slot read"
     );
 }

@@ -85,10 +85,23 @@ impl Pair {
 
     /// [`Self::eager`], with quiet receives when `quiet`.
     fn eager_with(eager_bytes: u64, tag: i32, quiet: bool) -> Self {
+        // Both sides of this version offer the default ring.
+        let offer = crate::core::config::DEFAULT_EAGER_SLOTS;
+        Self::eager_ring(
+            eager_bytes,
+            tag,
+            quiet,
+            eager::agreed_bounce_slots(offer, offer, quiet),
+        )
+    }
+
+    /// [`Self::eager_with`], with a bounce ring of `bounce_slots`.
+    fn eager_ring(eager_bytes: u64, tag: i32, quiet: bool, bounce_slots: usize) -> Self {
         let mut p = Self::new(1, false);
         let layout = Layout {
             eager_bytes,
             quiet,
+            bounce_slots,
             ..p.send.layout()
         };
         let staging = Staging {
@@ -120,6 +133,7 @@ impl Pair {
             remote_members: recv_members,
             eager_bytes: 0,
             quiet: false,
+            bounce_slots: SLOTS,
         };
         let mirrored = Layout {
             local_members: recv_members,
@@ -269,7 +283,7 @@ impl Pair {
     fn queue(&mut self, posts: &[Post]) {
         for p in posts {
             if let Post::Eager {
-                slot,
+                bounce,
                 local_addr,
                 len,
                 ..
@@ -278,7 +292,7 @@ impl Pair {
             {
                 // The glue copies the payload into the staging ring at post time.
                 let (from, n) = (local_addr as usize, len as usize);
-                let to = (STAGING_AT + eager::slot_offset(slot, EAGER)) as usize + 16;
+                let to = (STAGING_AT + eager::slot_offset(bounce, EAGER)) as usize + 16;
                 self.sender_mem.copy_within(from..from + n, to);
             }
             // A lane that is down takes nothing: the sender writes it again when it is
@@ -466,7 +480,7 @@ impl Pair {
     /// handles the arrival (the sender's completion is the caller's).
     fn land(&mut self, eager: Post) {
         let Post::Eager {
-            slot,
+            bounce,
             seq,
             tag,
             local_addr,
@@ -479,18 +493,19 @@ impl Pair {
         };
         // With quiet receives the payload leaves from the staging copy.
         let at = if self.send.layout().quiet {
-            (STAGING_AT + eager::slot_offset(slot, EAGER)) as usize + 16
+            (STAGING_AT + eager::slot_offset(bounce, EAGER)) as usize + 16
         } else {
             local_addr as usize
         };
         let n = len as usize;
-        self.bounce[slot] = (
+        self.bounce[bounce] = (
             EagerHeader { seq, tag },
             self.sender_mem[at..at + n].to_vec(),
         );
         let a = self.recv.announced(imm).expect("an eager immediate");
-        assert_eq!(a.slot(SLOTS), slot);
-        let header = self.bounce[a.slot(SLOTS)].0;
+        let slots = self.recv.layout().bounce_slots;
+        assert_eq!(a.slot(slots), bounce);
+        let header = self.bounce[a.slot(slots)].0;
         if let Arrived::Copied(c) = self.recv.eager_arrived(a, header).unwrap() {
             self.copy_eager(c);
         }

@@ -304,6 +304,7 @@ fn fused_layouts_stripe_large_messages_and_rotate_small_ones() {
         remote_members: 2,
         eager_bytes: 0,
         quiet: false,
+        bounce_slots: SLOTS,
     };
     let big: Vec<_> = (0..4).map(|s| two.qps_for(s, STRIPE_MIN_BYTES)).collect();
     assert_eq!(
@@ -320,6 +321,7 @@ fn fused_layouts_stripe_large_messages_and_rotate_small_ones() {
         remote_members: 2,
         eager_bytes: 0,
         quiet: false,
+        bounce_slots: SLOTS,
     };
     assert_eq!((asym.local_member(1), asym.remote_member(1)), (0, 1));
 }
