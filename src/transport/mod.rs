@@ -2,7 +2,7 @@
 //! the registration cache, the out-of-band handshake over non-blocking TCP, and the send and
 //! receive comms. Everything with a deadline reads the clock here, never in `core`.
 //!
-//! Unsafe code: only `mr.rs`, `send.rs`, `recv.rs` and `failover.rs` opt in, for one reason: they hand NCCL's
+//! Unsafe code: only `mr.rs`, `send/mod.rs`, `recv.rs` and `failover.rs` opt in, for one reason: they hand NCCL's
 //! buffers to the NIC (registration and posting). Their `unsafe fn`s carry NCCL's contract
 //! (buffers stay valid until `test` says done, registrations until `deregMr`) up to the C
 //! boundary, where `abi` discharges it.
