@@ -290,9 +290,10 @@ impl RecvComm {
     fn drain_answers(&mut self) {
         let st = self.state.get_mut();
         let sender_alive = || {
-            self.link
-                .as_ref()
-                .is_some_and(|l| l.link().state() == PeerState::Alive)
+            self.link.as_ref().is_some_and(|l| {
+                let link = l.link();
+                link.state() == PeerState::Alive && !link.hung_up()
+            })
         };
         if st.cts_posted == 0 || st.failed.check().is_err() || !sender_alive() {
             return;

@@ -47,7 +47,7 @@ use super::held;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::repair::{Frame, GOODBYE, MAX_FRAME_LEN};
 use crate::plugin::PLUGIN_NAME;
-use crate::verbs::{Epoll, EventFd};
+use crate::verbs::{Epoll, EventFd, peer_hung_up};
 
 /// How long after a peer's orderly close its pending requests still may complete.
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
@@ -111,6 +111,13 @@ impl PeerLink {
             CLOSED => PeerState::Closed,
             _ => PeerState::Died,
         }
+    }
+
+    /// Whether the peer has closed its end of the connection, seen from the socket itself
+    /// rather than from the watcher (which may be thousands of closes behind when a whole job
+    /// tears down at once).
+    pub(super) fn hung_up(&self) -> bool {
+        self.stream.lock().as_ref().is_none_or(peer_hung_up)
     }
 
     /// `Err` once the peer is gone: `what` names what the peer closed (its send or receive comm)

@@ -3,7 +3,7 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 
 use crate::core::error::{Error, Result};
@@ -110,5 +110,42 @@ pub fn set_listen_backlog(listener: &TcpListener, backlog: i32) -> io::Result<()
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether the peer of `stream` has closed its end (its FIN arrived, or the connection
+/// failed), asked without reading or waiting: data still unread does not hide it.
+pub fn peer_hung_up(stream: &TcpStream) -> bool {
+    let mut fd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on our stack for a socket `stream` keeps open; no wait.
+    let n = unsafe { libc::poll(&raw mut fd, 1, 0) };
+    n > 0 && fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+
+    use super::peer_hung_up;
+
+    #[test]
+    fn a_closed_peer_is_seen_without_reading_even_behind_unread_data() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        assert!(!peer_hung_up(&ours), "open, nothing sent");
+        peer.write_all(b"goodbye").unwrap();
+        assert!(!peer_hung_up(&ours), "open, data waiting");
+        drop(peer);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !peer_hung_up(&ours) {
+            assert!(std::time::Instant::now() < deadline, "the FIN never showed");
+            std::thread::yield_now();
+        }
     }
 }
