@@ -399,31 +399,10 @@ fn credits_run_out_after_a_bounce_ring_of_unanswered_eager_messages() {
 #[test]
 fn a_bounce_slot_is_not_written_again_before_the_receiver_read_it() {
     let mut p = Pair::eager_ring(EAGER, 1, false, SLOTS);
-    let a = p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
-    assert!(is_eager(&a));
-    let promised = p.irecv(&[rbuf(4096, 8, 1)]).unwrap();
-    let qp = a.posts[0].qp();
-    let held = p.wire[qp].pop_front().unwrap();
-    let Post::Eager { .. } = held else {
-        panic!("not an eager message: {held:?}");
-    };
-    p.send.handle_completion(qp).unwrap();
-    assert_eq!(
-        p.sent(a.req),
-        Some(8),
-        "promised and written: done for NCCL"
-    );
-    p.send.release(a.req);
+    let (promised, held) = promise_and_write_without_landing(&mut p);
     // Round the ring: every other slot carries an eager message, acknowledged.
     for i in 1..SLOTS as u64 {
-        let b = p.isend(sbuf(8 * i, 8, 1)).unwrap().unwrap();
-        assert!(is_eager(&b), "message {i} after the promised one");
-        p.deliver_all();
-        let r = p.irecv(&[rbuf(4096 + 64 * i, 8, 1)]).unwrap();
-        assert_eq!(p.received(r), Some(vec![8]));
-        assert_eq!(p.sent(b.req), Some(8));
-        p.send.release(b.req);
-        p.recv.release(r);
+        eager_then_received(&mut p, 8 * i, 4096 + 64 * i, &format!("message {i}"));
     }
     assert_eq!(
         p.isend(sbuf(512, 8, 1)).unwrap(),
@@ -455,12 +434,57 @@ fn a_bounce_slot_is_not_written_again_before_the_receiver_read_it() {
 fn a_promised_bounce_slot_of_a_small_ring_is_free_again_a_ring_of_receives_later() {
     let mut p = Pair::eager(EAGER, 1);
     let bounce_slots = p.send.layout().bounce_slots as u64;
+    let first = p.send.layout().bounce_slot(0);
+    let (promised, held) = promise_and_write_without_landing(&mut p);
+    p.land(held);
+    assert_eq!(p.received(promised), Some(vec![8]));
+    p.recv.release(promised);
+    // Message 0's own message slot comes round at SLOTS: its CTS shows message 0 read.
+    for i in 1..=SLOTS as u64 {
+        let (src, dst) = (8 * (i % 16), 8192 + 64 * (i % 16));
+        if p.send.layout().bounce_slot(i) != first {
+            eager_then_received(&mut p, src, dst, &format!("message {i}, acknowledged slot"));
+            continue;
+        }
+        assert_eq!(
+            p.isend(sbuf(src, 8, 1)).unwrap(),
+            None,
+            "message {i}: the bounce slot of the promised message is unread"
+        );
+        let r = p.irecv(&[rbuf(dst, 8, 1)]).unwrap();
+        let s = p.isend(sbuf(src, 8, 1)).unwrap().unwrap();
+        assert!(!is_eager(&s), "message {i} went with its CTS");
+        p.deliver_all();
+        assert_eq!(p.received(r), Some(vec![8]));
+        assert_delivered(&p, dst, src, 8);
+        assert_eq!(p.sent(s.req), Some(8));
+        p.send.release(s.req);
+        p.recv.release(r);
+    }
+    let next = SLOTS as u64 + bounce_slots;
+    assert_eq!(p.send.layout().bounce_slot(next), first);
+    for i in SLOTS as u64 + 1..next {
+        eager_then_received(&mut p, 0, 8192, &format!("message {i}"));
+    }
+    let s = p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
+    assert!(
+        is_eager(&s),
+        "message {next}: the CTS of message {SLOTS} showed its bounce slot read"
+    );
+}
+
+/// An eager send whose receive is posted before it lands (so its CTS promises the copy), its
+/// write complete and NCCL done with it, the message itself held back on the wire: the promised
+/// receive's slot and the held message.
+fn promise_and_write_without_landing(p: &mut Pair) -> (usize, Post) {
     let a = p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
     assert!(is_eager(&a));
-    let first = p.send.layout().bounce_slot(0);
     let promised = p.irecv(&[rbuf(4096, 8, 1)]).unwrap();
     let qp = a.posts[0].qp();
     let held = p.wire[qp].pop_front().unwrap();
+    let Post::Eager { .. } = held else {
+        panic!("not an eager message: {held:?}");
+    };
     p.send.handle_completion(qp).unwrap();
     assert_eq!(
         p.sent(a.req),
@@ -468,56 +492,19 @@ fn a_promised_bounce_slot_of_a_small_ring_is_free_again_a_ring_of_receives_later
         "promised and written: done for NCCL"
     );
     p.send.release(a.req);
-    p.land(held);
-    assert_eq!(p.received(promised), Some(vec![8]));
-    p.recv.release(promised);
-    // Message 0's own message slot comes round at SLOTS: its CTS shows message 0 read.
-    for i in 1..=SLOTS as u64 {
-        let dst = 8192 + 64 * (i % 16);
-        let in_first = p.send.layout().bounce_slot(i) == first;
-        if in_first {
-            assert_eq!(
-                p.isend(sbuf(8 * (i % 16), 8, 1)).unwrap(),
-                None,
-                "message {i}: the bounce slot of the promised message is unread"
-            );
-            let r = p.irecv(&[rbuf(dst, 8, 1)]).unwrap();
-            let s = p.isend(sbuf(8 * (i % 16), 8, 1)).unwrap().unwrap();
-            assert!(!is_eager(&s), "message {i} went with its CTS");
-            p.deliver_all();
-            assert_eq!(p.received(r), Some(vec![8]));
-            assert_eq!(p.sent(s.req), Some(8));
-            p.send.release(s.req);
-            p.recv.release(r);
-        } else {
-            let s = p.isend(sbuf(8 * (i % 16), 8, 1)).unwrap().unwrap();
-            assert!(
-                is_eager(&s),
-                "message {i} lands in an acknowledged bounce slot"
-            );
-            p.deliver_all();
-            let r = p.irecv(&[rbuf(dst, 8, 1)]).unwrap();
-            assert_eq!(p.received(r), Some(vec![8]));
-            assert_eq!(p.sent(s.req), Some(8));
-            p.send.release(s.req);
-            p.recv.release(r);
-        }
-        assert_delivered(&p, dst, 8 * (i % 16), 8);
-    }
-    let next = SLOTS as u64 + bounce_slots;
-    assert_eq!(p.send.layout().bounce_slot(next), first);
-    for i in SLOTS as u64 + 1..next {
-        let s = p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
-        assert!(is_eager(&s), "message {i}");
-        p.deliver_all();
-        let r = p.irecv(&[rbuf(8192, 8, 1)]).unwrap();
-        assert_eq!(p.received(r), Some(vec![8]));
-        p.send.release(s.req);
-        p.recv.release(r);
-    }
-    let s = p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
-    assert!(
-        is_eager(&s),
-        "message {next}: the CTS of message {SLOTS} showed its bounce slot read"
-    );
+    (promised, held)
+}
+
+/// An 8-byte send from `src` that goes eagerly, lands, and is copied into a receive at `dst`
+/// posted after it; both requests done and released.
+fn eager_then_received(p: &mut Pair, src: u64, dst: u64, what: &str) {
+    let s = p.isend(sbuf(src, 8, 1)).unwrap().unwrap();
+    assert!(is_eager(&s), "{what}: eager");
+    p.deliver_all();
+    let r = p.irecv(&[rbuf(dst, 8, 1)]).unwrap();
+    assert_eq!(p.received(r), Some(vec![8]), "{what}");
+    assert_delivered(p, dst, src, 8);
+    assert_eq!(p.sent(s.req), Some(8), "{what}");
+    p.send.release(s.req);
+    p.recv.release(r);
 }
