@@ -7,7 +7,8 @@
 //! (message `seq` in bounce slot `seq % B`, B a power of two of at most [`SLOTS`] agreed in
 //! the handshake, see [`agreed_bounce_slots`]: the credits travel with the CTS traffic). A
 //! bounce slot is written again only once the receiver has shown that it read the message in
-//! it: by an acknowledgement (written after the copy), by the CTS of a receive at least a ring
+//! it: by an acknowledgement of it or of a later eager message (written after the copy, and the
+//! receiver handles arrivals in order), by the CTS of a receive at least a ring
 //! of [`SLOTS`] later (receives are posted in order, and one is posted only after the receive
 //! a ring before it, in its message slot, completed), or by a credit past it. A promise or a refusal shows nothing of the kind: the
 //! receiver reads the slot when it handles the arrival, which can be after the sender's own

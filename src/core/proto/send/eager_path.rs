@@ -59,13 +59,12 @@ impl SendSide {
         }
     }
 
-    /// Eager message `seq` was acknowledged or overtaken in its message slot: its bounce slot
-    /// was read.
-    fn read(&mut self, seq: u64) {
-        let bounce = self.layout.bounce_slot(seq);
-        if self.unread[bounce] == Some(seq) {
-            self.unread[bounce] = None;
-        }
+    /// Eager message `seq` was acknowledged: the receiver copied it, and it handled the arrivals
+    /// of every eager message before it first (they come in order on the connection's one QP,
+    /// and it polls their completions in order), copying each, keeping it for a receive posted
+    /// before this one, or dropping it: every bounce slot holding a message up to `seq` was read.
+    fn acknowledged(&mut self, seq: u64) {
+        self.read_before(seq + 1);
     }
 
     /// The eager message in `slot` was delivered whole; the slot is free if NCCL already saw
@@ -122,7 +121,7 @@ impl SendSide {
                     ),
                 ));
             }
-            self.read(seq);
+            self.acknowledged(seq);
             true
         } else {
             let refusing = refused(entries);

@@ -113,9 +113,9 @@ pub struct SendSide {
     /// repair moves the lane.
     routes: Vec<(usize, usize)>,
     /// Per bounce slot (the first [`Layout::bounce_slots`]), the eager message written into it
-    /// that the receiver has not yet shown it read: an acknowledgement shows it (written after
-    /// the copy), and so does the CTS of a receive a ring of [`SLOTS`] or more later (see
-    /// [`Self::read_before`]) or a credit past it. A promise or a refusal does not: the
+    /// that the receiver has not yet shown it read: an acknowledgement of it or of a later eager
+    /// message shows it (written after the copy, see `acknowledged`), and so does the CTS of a
+    /// receive a ring of [`SLOTS`] or more later (`posted_through`) or a credit past it. A promise or a refusal does not: the
     /// receiver reads the bounce slot when it handles the arrival, which may come after the
     /// sender's own write completed. No eager message goes into such a slot.
     unread: [Option<u64>; SLOTS],
