@@ -37,6 +37,7 @@
 //! ordered queue, so an eager message always reaches the receiver before the rendezvous write
 //! of the same message, and before any later eager message.
 
+use super::config::MAX_FUSED_MEMBERS;
 use super::proto::SLOTS;
 use super::wire::Cts;
 
@@ -144,6 +145,31 @@ pub const CREDIT_EVERY: u64 = (SLOTS / 2) as u64;
 /// written again by rendezvous into these buffers (a message that was not is sent as usual).
 pub const REFUSED: u32 = 1 << 31;
 
+/// Where a CTS entry of a connection with an eager ring of fewer slots than message slots
+/// carries the receiver's read-through point: the last remote key, unused there (the eager path
+/// runs on connections of one QP, whose entries use the first key only).
+const READ_THROUGH_KEY: usize = MAX_FUSED_MEMBERS - 1;
+
+/// `rkeys` with the low 32 bits of `read_through` in the key the eager path leaves unused (none
+/// when `read_through` is 0).
+pub fn with_read_through(
+    mut rkeys: [u32; MAX_FUSED_MEMBERS],
+    read_through: u64,
+) -> [u32; MAX_FUSED_MEMBERS] {
+    if read_through > 0 {
+        rkeys[READ_THROUGH_KEY] = read_through as u32;
+    }
+    rkeys
+}
+
+/// The read-through point an entry of the CTS for message `seq` carries, if any: every message
+/// before it completed at the receiver. It lies at or before `seq` (the receive of `seq` is
+/// still waiting when its CTS is written), so the low bits say which.
+pub fn read_through(entry: &Cts, seq: u64) -> Option<u64> {
+    let low = entry.rkeys[READ_THROUGH_KEY];
+    (low != 0).then(|| seq.saturating_sub(u64::from((seq as u32).wrapping_sub(low))))
+}
+
 /// The acknowledgement of eager message `seq`, written where its CTS would go: `nreqs` 0 and
 /// the bytes copied (the whole message) in `size`.
 pub fn ack(seq: u64, delivered: u64) -> Cts {
@@ -158,6 +184,26 @@ pub fn ack(seq: u64, delivered: u64) -> Cts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_through_point_rides_in_the_unused_key_and_survives_the_wrap() {
+        let keys = [7, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(with_read_through(keys, 0), keys, "none: nothing written");
+        for (read, seq) in [
+            (5, 9),
+            (9, 9),
+            ((1 << 32) - 3, (1 << 32) + 4),
+            ((1 << 33) + 1, (1 << 33) + 40),
+        ] {
+            let entry = Cts {
+                rkeys: with_read_through(keys, read),
+                ..Cts::default()
+            };
+            assert_eq!(entry.rkeys[0], 7, "the connection's own key stays");
+            assert_eq!(read_through(&entry, seq), Some(read), "{read} at {seq}");
+        }
+        assert_eq!(read_through(&Cts::default(), 9), None);
+    }
 
     #[test]
     fn both_sides_agree_on_the_smaller_ring_and_a_whole_one_for_old_peers_and_quiet() {

@@ -56,6 +56,9 @@ pub enum Answer {
         /// Flagged [`eager::REFUSED`]: an eager copy of this message is not taken, the sender
         /// writes it by rendezvous.
         refused: bool,
+        /// Every message before this one completed, so every bounce slot that held one was
+        /// read ([`eager::with_read_through`]); 0 where the connection does not carry it.
+        read_through: u64,
     },
     /// The one entry that acknowledges an eager message copied into the receive.
     Ack {
@@ -86,12 +89,16 @@ impl Answer {
     /// time, built where it is written: a single receive's `irecv` builds one.
     pub fn entry(&self, bufs: &[RecvBuf], i: usize) -> Cts {
         match *self {
-            Self::Cts { seq, refused } => {
+            Self::Cts {
+                seq,
+                refused,
+                read_through,
+            } => {
                 let nreqs = u32::try_from(bufs.len()).unwrap_or(0);
                 Cts {
                     addr: bufs[i].addr,
                     size: bufs[i].size,
-                    rkeys: bufs[i].rkeys,
+                    rkeys: eager::with_read_through(bufs[i].rkeys, read_through),
                     tag: bufs[i].tag,
                     nreqs: if refused {
                         nreqs | eager::REFUSED
@@ -420,7 +427,11 @@ impl RecvSide {
             slot,
             recvs: qp..qp,
             qp,
-            answer: Some(Answer::Cts { seq, refused }),
+            answer: Some(Answer::Cts {
+                seq,
+                refused,
+                read_through: 0,
+            }),
             copy: None,
         };
         self.record(&post, 1);
@@ -435,6 +446,18 @@ impl RecvSide {
         }
         self.advance_done_through();
         (self.done_through > self.credited).then(|| self.take_credit())
+    }
+
+    /// What a CTS tells the sender of the bounce ring: every message before the oldest receive
+    /// still waiting completed (an eager one copied or dropped, its bounce slot read), on
+    /// connections whose ring has fewer slots than message slots (both sides of 0.3.10 or
+    /// later: on a whole ring the next CTS in a message's slot tells it); else 0.
+    fn read_through(&mut self) -> u64 {
+        if self.layout.eager_bytes == 0 || self.layout.bounce_slots >= SLOTS {
+            return 0;
+        }
+        self.advance_done_through();
+        self.done_through
     }
 
     /// Move [`Self::done_through`] past every message whose receive completed.
@@ -674,11 +697,16 @@ impl RecvSide {
             quiet,
         });
         self.next_seq += 1;
+        let read_through = self.read_through();
         let post = CtsPost {
             slot,
             qp: qps.start,
             recvs: qps,
-            answer: (!quiet).then_some(Answer::Cts { seq, refused }),
+            answer: (!quiet).then_some(Answer::Cts {
+                seq,
+                refused,
+                read_through,
+            }),
             copy: None,
         };
         self.record(&post, bufs.len());

@@ -59,6 +59,18 @@ impl SendSide {
         }
     }
 
+    /// A CTS from a receiver that says how far it has read (on a ring of fewer bounce slots
+    /// than message slots, [`eager::read_through`]): every bounce slot before that point is
+    /// free, whether its message was acknowledged or copied as promised.
+    pub(super) fn note_read_through(&mut self, entries: &[Cts]) {
+        if self.layout.bounce_slots < SLOTS
+            && let Some(first) = entries.first().filter(|c| c.seq_plus_one > 0)
+            && let Some(read) = eager::read_through(first, first.seq_plus_one - 1)
+        {
+            self.read_before(read);
+        }
+    }
+
     /// Eager message `seq` was acknowledged: the receiver copied it, and it handled the arrivals
     /// of every eager message before it first (they come in order on the connection's one QP,
     /// and it polls their completions in order), copying each, keeping it for a receive posted
@@ -86,6 +98,7 @@ impl SendSide {
     /// or the CTS of its receive: one that promises the copy, one that refuses it (the message
     /// goes again by rendezvous), or one for another shape or tag (renumbering).
     pub(super) fn answer(&mut self, seq: u64, entries: &[Cts]) -> Result<Vec<Post>> {
+        self.note_read_through(entries);
         let slot = slot_of(seq);
         let Some(SendSlot {
             state: SlotState::Eager { req, buf, .. },

@@ -227,6 +227,7 @@ impl SendSide {
         let refusing = refused(entries);
         check_cts(seq, entries)?;
         self.posted_through(seq);
+        self.note_read_through(entries);
         if entries.len() > 1 {
             // A grouped receive: the receiver stops taking eager messages too.
             self.eager = false;

@@ -452,35 +452,64 @@ fn a_later_acknowledgement_frees_a_promised_bounce_slot_of_a_small_ring() {
     }
 }
 
-/// Without any acknowledgement (each receive posted after its eager send but before the
-/// receiver handled the arrival, so each message goes into a promised copy), a bounce slot is
-/// shown read only by the CTS of a receive a ring of message slots later: from the first lap of
-/// the bounce ring on, a send waits for its CTS until the CTS of message `SLOTS` frees slot 0.
+/// Without acknowledgements (each receive posted after its eager send but before the receiver
+/// handled the arrival, so each message goes into a promised copy) the receiver's CTS says how
+/// far it has read: every message before its oldest receive still waiting. While the first
+/// message's arrival waits in the receiver's CQ, no CTS says so and the message that would
+/// land in its bounce slot waits for its own CTS; once the arrivals are handled, every send
+/// goes eagerly again.
 #[test]
-fn promised_bounce_slots_of_a_small_ring_are_free_again_a_ring_of_receives_later() {
+fn a_cts_says_how_far_the_receiver_has_read_promised_bounce_slots() {
     let mut p = Pair::eager(EAGER, 1);
     let bounce_slots = p.send.layout().bounce_slots as u64;
-    for i in 0..=SLOTS as u64 + bounce_slots {
+    let mut held = Vec::new();
+    let mut promised = Vec::new();
+    for i in 0..bounce_slots {
+        let a = p.isend(sbuf(8 * i, 8, 1)).unwrap().unwrap();
+        assert!(is_eager(&a), "message {i}");
+        promised.push((i, a.req, p.irecv(&[rbuf(4096 + 64 * i, 8, 1)]).unwrap()));
+        let qp = a.posts[0].qp();
+        held.push(p.wire[qp].pop_front().unwrap());
+        p.send.handle_completion(qp).unwrap();
+    }
+    assert_eq!(
+        p.isend(sbuf(512, 8, 1)).unwrap(),
+        None,
+        "message {bounce_slots}: the receiver has not read message 0's bounce slot"
+    );
+    for (m, (i, req, r)) in held.into_iter().zip(promised) {
+        p.land(m);
+        assert_eq!(p.received(r), Some(vec![8]), "message {i}");
+        assert_delivered(&p, 4096 + 64 * i, 8 * i, 8);
+        assert_eq!(p.sent(req), Some(8), "message {i}");
+        p.send.release(req);
+        p.recv.release(r);
+    }
+    for i in bounce_slots..=SLOTS as u64 + bounce_slots {
         let (src, dst) = (8 * (i % 16), 8192 + 64 * (i % 16));
-        let eager = i < bounce_slots || i == SLOTS as u64 + bounce_slots;
-        let (s, r) = match p.isend(sbuf(src, 8, 1)).unwrap() {
-            Some(s) => {
-                assert!(eager && is_eager(&s), "message {i} went before its CTS");
-                (s, p.irecv(&[rbuf(dst, 8, 1)]).unwrap())
-            }
-            None => {
-                assert!(!eager, "message {i}: its bounce slot was free");
-                let r = p.irecv(&[rbuf(dst, 8, 1)]).unwrap();
-                let s = p.isend(sbuf(src, 8, 1)).unwrap().unwrap();
-                assert!(!is_eager(&s), "message {i} went with its CTS");
-                (s, r)
-            }
+        let r = if i == bounce_slots {
+            // Its CTS says every message before it completed.
+            let r = p.irecv(&[rbuf(dst, 8, 1)]).unwrap();
+            let s = p.isend(sbuf(src, 8, 1)).unwrap().unwrap();
+            assert!(!is_eager(&s), "message {i} went with its CTS");
+            p.deliver_all();
+            assert_eq!(p.sent(s.req), Some(8));
+            p.send.release(s.req);
+            r
+        } else {
+            let s = p.isend(sbuf(src, 8, 1)).unwrap().unwrap();
+            assert!(
+                is_eager(&s),
+                "message {i}: the last CTS showed its bounce slot read"
+            );
+            let r = p.irecv(&[rbuf(dst, 8, 1)]).unwrap();
+            p.deliver_all();
+            assert_eq!(p.sent(s.req), Some(8), "message {i}");
+            p.send.release(s.req);
+            r
         };
-        p.deliver_all();
         assert_eq!(p.received(r), Some(vec![8]), "message {i}");
         assert_delivered(&p, dst, src, 8);
-        assert_eq!(p.sent(s.req), Some(8), "message {i}");
-        p.send.release(s.req);
         p.recv.release(r);
     }
 }
