@@ -399,22 +399,9 @@ fn credits_run_out_after_a_bounce_ring_of_unanswered_eager_messages() {
 #[test]
 fn a_bounce_slot_is_not_written_again_before_the_receiver_read_it() {
     let mut p = Pair::eager_ring(EAGER, 1, false, SLOTS);
-    let mut held = Vec::new();
-    let mut promised = Vec::new();
-    for i in 0..SLOTS as u64 {
-        let a = p.isend(sbuf(8 * i, 8, 1)).unwrap().unwrap();
-        assert!(is_eager(&a), "message {i}");
-        promised.push(p.irecv(&[rbuf(4096 + 64 * i, 8, 1)]).unwrap());
-        let qp = a.posts[0].qp();
-        held.push(p.wire[qp].pop_front().unwrap());
-        p.send.handle_completion(qp).unwrap();
-        assert_eq!(
-            p.sent(a.req),
-            Some(8),
-            "promised and written: done for NCCL"
-        );
-        p.send.release(a.req);
-    }
+    let (promised, held): (Vec<usize>, Vec<Post>) = (0..SLOTS as u64)
+        .map(|i| promise_and_write_without_landing(&mut p, 8 * i, 4096 + 64 * i))
+        .unzip();
     assert_eq!(
         p.isend(sbuf(512, 8, 1)).unwrap(),
         None,
@@ -442,7 +429,7 @@ fn a_later_acknowledgement_frees_a_promised_bounce_slot_of_a_small_ring() {
     let mut p = Pair::eager(EAGER, 1);
     let bounce_slots = p.send.layout().bounce_slots as u64;
     assert!(bounce_slots < SLOTS as u64, "the default ring");
-    let (promised, held) = promise_and_write_without_landing(&mut p);
+    let (promised, held) = promise_and_write_without_landing(&mut p, 0, 4096);
     p.land(held);
     assert_eq!(p.received(promised), Some(vec![8]));
     p.recv.release(promised);
@@ -462,27 +449,18 @@ fn a_later_acknowledgement_frees_a_promised_bounce_slot_of_a_small_ring() {
 fn a_cts_says_how_far_the_receiver_has_read_promised_bounce_slots() {
     let mut p = Pair::eager(EAGER, 1);
     let bounce_slots = p.send.layout().bounce_slots as u64;
-    let mut held = Vec::new();
-    let mut promised = Vec::new();
-    for i in 0..bounce_slots {
-        let a = p.isend(sbuf(8 * i, 8, 1)).unwrap().unwrap();
-        assert!(is_eager(&a), "message {i}");
-        promised.push((i, a.req, p.irecv(&[rbuf(4096 + 64 * i, 8, 1)]).unwrap()));
-        let qp = a.posts[0].qp();
-        held.push(p.wire[qp].pop_front().unwrap());
-        p.send.handle_completion(qp).unwrap();
-    }
+    let (promised, held): (Vec<usize>, Vec<Post>) = (0..bounce_slots)
+        .map(|i| promise_and_write_without_landing(&mut p, 8 * i, 4096 + 64 * i))
+        .unzip();
     assert_eq!(
         p.isend(sbuf(512, 8, 1)).unwrap(),
         None,
         "message {bounce_slots}: the receiver has not read message 0's bounce slot"
     );
-    for (m, (i, req, r)) in held.into_iter().zip(promised) {
+    for (i, (m, r)) in (0..).zip(held.into_iter().zip(promised)) {
         p.land(m);
         assert_eq!(p.received(r), Some(vec![8]), "message {i}");
         assert_delivered(&p, 4096 + 64 * i, 8 * i, 8);
-        assert_eq!(p.sent(req), Some(8), "message {i}");
-        p.send.release(req);
         p.recv.release(r);
     }
     for i in bounce_slots..=SLOTS as u64 + bounce_slots {
@@ -514,13 +492,13 @@ fn a_cts_says_how_far_the_receiver_has_read_promised_bounce_slots() {
     }
 }
 
-/// An eager send whose receive is posted before it lands (so its CTS promises the copy), its
-/// write complete and NCCL done with it, the message itself held back on the wire: the promised
-/// receive's slot and the held message.
-fn promise_and_write_without_landing(p: &mut Pair) -> (usize, Post) {
-    let a = p.isend(sbuf(0, 8, 1)).unwrap().unwrap();
-    assert!(is_eager(&a));
-    let promised = p.irecv(&[rbuf(4096, 8, 1)]).unwrap();
+/// An 8-byte eager send from `src` whose receive at `dst` is posted before it lands (so its CTS
+/// promises the copy), its write complete and NCCL done with it, the message itself held back
+/// on the wire: the promised receive's slot and the held message.
+fn promise_and_write_without_landing(p: &mut Pair, src: u64, dst: u64) -> (usize, Post) {
+    let a = p.isend(sbuf(src, 8, 1)).unwrap().unwrap();
+    assert!(is_eager(&a), "the send from {src}");
+    let promised = p.irecv(&[rbuf(dst, 8, 1)]).unwrap();
     let qp = a.posts[0].qp();
     let held = p.wire[qp].pop_front().unwrap();
     let Post::Eager { .. } = held else {
