@@ -43,32 +43,32 @@ impl SendSide {
         Ok(())
     }
 
-    /// The receiver read every bounce slot holding a message before `seq`.
+    /// The receiver read every bounce slot holding a message before `seq`. Nothing to do once
+    /// the eager path is off: no eager message goes again.
     fn read_before(&mut self, seq: u64) {
+        if !self.eager {
+            return;
+        }
         for u in &mut self.unread[..self.layout.bounce_slots] {
             *u = u.filter(|&s| s >= seq);
         }
     }
 
-    /// The receive of message `seq` was posted (its CTS arrived): receives are posted in order,
-    /// and each only once the receive a ring before it (in its message slot) completed, so every
-    /// message a ring or more before `seq` was received and its bounce slot read.
-    pub(super) fn posted_through(&mut self, seq: u64) {
-        if let Some(read) = (seq + 1).checked_sub(SLOTS as u64) {
-            self.read_before(read);
-        }
-    }
-
-    /// A CTS from a receiver that says how far it has read (on a ring of fewer bounce slots
-    /// than message slots, [`eager::read_through`]): every bounce slot before that point is
-    /// free, whether its message was acknowledged or copied as promised.
-    pub(super) fn note_read_through(&mut self, entries: &[Cts]) {
-        if self.layout.bounce_slots < SLOTS
-            && let Some(first) = entries.first().filter(|c| c.seq_plus_one > 0)
-            && let Some(read) = eager::read_through(first, first.seq_plus_one - 1)
-        {
-            self.read_before(read);
-        }
+    /// What the CTS `entries` of the receive of their message (checked) show of the bounce
+    /// ring. The receive was posted: receives are posted in order, each only once the receive a
+    /// ring before it (in its message slot) completed, so every message a ring or more before it
+    /// was received and its bounce slot read. On a ring of fewer bounce slots than message slots
+    /// the entry also says how far the receiver has read ([`eager::read_through`]): every
+    /// message before its oldest receive still waiting, acknowledged or copied as promised.
+    pub(super) fn cts_arrived(&mut self, entries: &[Cts]) {
+        let Some(seq) = entries.first().and_then(|c| c.seq_plus_one.checked_sub(1)) else {
+            return;
+        };
+        let read_through = (self.layout.bounce_slots < SLOTS)
+            .then(|| eager::read_through(&entries[0], seq))
+            .flatten();
+        let ring_before = (seq + 1).saturating_sub(SLOTS as u64);
+        self.read_before(read_through.map_or(ring_before, |r| r.max(ring_before)));
     }
 
     /// Eager message `seq` was acknowledged: the receiver copied it, and it handled the arrivals
@@ -98,7 +98,6 @@ impl SendSide {
     /// or the CTS of its receive: one that promises the copy, one that refuses it (the message
     /// goes again by rendezvous), or one for another shape or tag (renumbering).
     pub(super) fn answer(&mut self, seq: u64, entries: &[Cts]) -> Result<Vec<Post>> {
-        self.note_read_through(entries);
         let slot = slot_of(seq);
         let Some(SendSlot {
             state: SlotState::Eager { req, buf, .. },
@@ -121,7 +120,6 @@ impl SendSide {
                     ),
                 ));
             }
-            self.posted_through(first.seq_plus_one - 1);
             true
         } else if first.nreqs == 0 && entries.len() == 1 {
             // Acknowledged after the copy: the bounce slot was read.
@@ -148,6 +146,7 @@ impl SendSide {
             // truncated) from the one NCCL still holds for us (or our copy of it).
             !refusing && buf.size <= entries[0].size
         };
+        self.cts_arrived(entries);
         self.awaiting.pop_front();
         if copied {
             self.delivered(slot);

@@ -114,10 +114,11 @@ pub struct SendSide {
     routes: Vec<(usize, usize)>,
     /// Per bounce slot (the first [`Layout::bounce_slots`]), the eager message written into it
     /// that the receiver has not yet shown it read: an acknowledgement of it or of a later eager
-    /// message shows it (written after the copy, see `acknowledged`), and so does the CTS of a
-    /// receive a ring of [`SLOTS`] or more later (`posted_through`) or a credit past it. A promise or a refusal does not: the
-    /// receiver reads the bounce slot when it handles the arrival, which may come after the
-    /// sender's own write completed. No eager message goes into such a slot.
+    /// message shows it (written after the copy, see `acknowledged`), and so do a CTS (of a
+    /// receive a ring of [`SLOTS`] or more later, or one that says how far the receiver has
+    /// read: `cts_arrived`) and a credit past it. A promise or a refusal does not: the receiver
+    /// reads the bounce slot when it handles the arrival, which may come after the sender's own
+    /// write completed. No eager message goes into such a slot.
     unread: [Option<u64>; SLOTS],
     /// The vector the next [`Accepted::posts`] is built in, handed back by [`Self::recycle`]
     /// so that sending allocates nothing once it has grown to a message's posts.
@@ -226,8 +227,7 @@ impl SendSide {
         let seq = self.next_seq;
         let refusing = refused(entries);
         check_cts(seq, entries)?;
-        self.posted_through(seq);
-        self.note_read_through(entries);
+        self.cts_arrived(entries);
         if entries.len() > 1 {
             // A grouped receive: the receiver stops taking eager messages too.
             self.eager = false;
