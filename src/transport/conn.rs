@@ -174,12 +174,8 @@ pub(super) fn flush_cq_room(config: &Config) -> u32 {
 pub fn connection_memory(config: &Config, members: usize, memory: QueueMemory) -> ConnectionMemory {
     let region = |bytes: usize| (bytes as u64).div_ceil(PAGE) * PAGE;
     let lanes = members * config.qps_per_connection as usize;
-    // A peer of this version, without quiet receives, agrees on this side's slots.
-    let slots = if config.quiet {
-        SLOTS
-    } else {
-        usize::from(config.eager_slots)
-    };
+    // Against a peer of this version and settings.
+    let slots = eager::agreed_bounce_slots(config.eager_slots, config.eager_slots, config.quiet);
     let bounce = eager::ring_bytes(agreed_eager_bytes(config, lanes, u64::MAX), slots);
     // With quiet receives, the sender's staging ring for eager payloads matches the bounce ring.
     let eager_staging = if config.quiet {
