@@ -8,11 +8,12 @@
 //! the handshake, see [`agreed_bounce_slots`]: the credits travel with the CTS traffic). A
 //! bounce slot is written again only once the receiver has shown that it read the message in
 //! it: by an acknowledgement of it or of a later eager message (written after the copy, and the
-//! receiver handles arrivals in order), by the CTS of a receive at least a ring
-//! of [`SLOTS`] later (receives are posted in order, and one is posted only after the receive
-//! a ring before it, in its message slot, completed), or by a credit past it. A promise or a refusal shows nothing of the kind: the
-//! receiver reads the slot when it handles the arrival, which can be after the sender's own
-//! write completed. Each eager message is answered by exactly one write the receiver makes
+//! receiver handles arrivals in order), by the CTS of a receive at least a ring of [`SLOTS`]
+//! later (receives are posted in order, and one is posted only after the receive a ring before
+//! it, in its message slot, completed), by a CTS that says how far the receiver has read
+//! ([`read_through`], on a ring of fewer slots than [`SLOTS`]), or by a credit past it. A
+//! promise or a refusal shows nothing of the kind: the receiver reads the slot when it handles
+//! the arrival, which can be after the sender's own write completed. Each eager message is answered by exactly one write the receiver makes
 //! anyway, in the message's CTS slot:
 //! - its receive was posted after the message landed: an acknowledgement ([`ack`]) once the
 //!   message was copied into the posted buffer;
