@@ -71,27 +71,42 @@ pub(super) fn bounce_slots(connector: u8, acceptor: u8, eager_bytes: u64, quiet:
 /// Bytes of the sender's staging region: a sizes slot and an eager header per message slot.
 pub(super) const STAGING_BYTES: usize = SIZES_RING_BYTES + SLOTS * eager::HEADER_BYTES;
 
-/// Sender QPs: room for two posts per message slot (a payload write and the closing
-/// write-with-immediate, or an eager message and the rendezvous write that may replace it; NCCL's
-/// usual send is one write), one less than a power of two (rxe rounds depth + 1 up to one; mlx5
-/// rounds the queue's bytes). NCCL's transport sizes its send queue alike (two per request).
-/// A message that needs more (up to `POSTS_PER_MESSAGE` per QP: a grouped receive of buffers
-/// over 1 GiB) waits in its lane's queue until completions make room (`held`). Inline up to 32
-/// bytes: what two scatter/gather entries take anyway, so it costs no memory on mlx5 or rxe
-/// (64 would double every entry on both, see `core::queues`).
+/// Sender QPs: room for one post per message slot, one less than a power of two (rxe rounds
+/// depth + 1 up to one; mlx5 rounds the queue's bytes). NCCL's proxy keeps at most `NCCL_STEPS`
+/// (8) sends in flight per comm, each one or two posts (a payload write and the closing
+/// write-with-immediate, or an eager message and the rendezvous write that may replace it), so
+/// this is twice what it uses; NCCL's transport sizes its send queue for two posts per request
+/// (`2 * NET_IB_MAX_REQUESTS`, connect.cc), which is why its queues are larger. What does not
+/// fit (more requests in flight, or a grouped receive of buffers over 1 GiB: up to
+/// `POSTS_PER_MESSAGE` per QP) waits in its lane's queue until completions make room (`held`).
+/// Inline up to 32 bytes: what two scatter/gather entries take anyway, so it costs no memory on
+/// mlx5 or rxe (64 would double every entry on both, see `core::queues`).
 pub(super) const SEND_QP_CAPS: QpCaps = QpCaps {
-    max_send_wr: (2 * SLOTS - 1) as u32,
+    max_send_wr: (SLOTS - 1) as u32,
     max_recv_wr: 1,
     max_inline: 32,
 };
-/// Receiver QPs: one receive per message in flight and one per eager message in flight; CTS
-/// writes (one 64-byte entry inline), signaled every `CTS_SIGNAL_EVERY`, with room for almost
-/// four signal periods (what does not fit waits, as above).
-pub(super) const RECV_QP_CAPS: QpCaps = QpCaps {
-    max_send_wr: (2 * SLOTS - 1) as u32,
-    max_recv_wr: (2 * SLOTS) as u32,
-    max_inline: 64,
-};
+
+/// Receiver QPs: one receive per message in flight, plus `eager_pool` for eager messages
+/// (the bounce ring's slots, see `eager_receive_pool`); CTS writes (64-byte entries read from
+/// the staging ring, not inline: 64 bytes inline would double every entry, see `core::queues`;
+/// the 8-byte credit goes inline), signaled every `CTS_SIGNAL_EVERY`, with room for almost four
+/// signal periods (what does not fit waits, as above).
+pub(super) const fn recv_qp_caps(eager_pool: usize) -> QpCaps {
+    QpCaps {
+        max_send_wr: (SLOTS - 1) as u32,
+        max_recv_wr: (SLOTS + eager_pool) as u32,
+        max_inline: 32,
+    }
+}
+
+/// Receives kept posted on a connection's QP for eager messages, which arrive unannounced: one
+/// per bounce slot, as no more are written before the receiver handled the earlier ones (the
+/// sender writes a bounce slot again only once it is free, and a handled arrival's receive is
+/// posted again or taken by the receive it was copied into); none without the eager path.
+pub(super) fn eager_receive_pool(eager_bytes: u64, bounce_slots: usize) -> usize {
+    if eager_bytes > 0 { bounce_slots } else { 0 }
+}
 /// A receive comm's flush QPs, built at its first `iflush`: one read per flush in flight.
 pub(super) const FLUSH_QP_CAPS: QpCaps = QpCaps {
     max_send_wr: SLOTS as u32,
@@ -176,7 +191,9 @@ pub fn connection_memory(config: &Config, members: usize, memory: QueueMemory) -
     let lanes = members * config.qps_per_connection as usize;
     // Against a peer of this version and settings.
     let slots = eager::agreed_bounce_slots(config.eager_slots, config.eager_slots, config.quiet);
-    let bounce = eager::ring_bytes(agreed_eager_bytes(config, lanes, u64::MAX), slots);
+    let eager_bytes = agreed_eager_bytes(config, lanes, u64::MAX);
+    let bounce = eager::ring_bytes(eager_bytes, slots);
+    let recv_caps = recv_qp_caps(eager_receive_pool(eager_bytes, slots));
     // With quiet receives, the sender's staging ring for eager payloads matches the bounce ring.
     let eager_staging = if config.quiet {
         region(bounce as usize)
@@ -189,10 +206,10 @@ pub fn connection_memory(config: &Config, members: usize, memory: QueueMemory) -
         .map(|m| {
             let here = lanes_on_cq(m, lanes, members, config.port_failover);
             memory.cq_bytes(cq_entries(SEND_QP_CAPS, here, 0))
-                + memory.cq_bytes(cq_entries(RECV_QP_CAPS, here, flush_cq_room(config)))
+                + memory.cq_bytes(cq_entries(recv_caps, here, flush_cq_room(config)))
         })
         .sum();
-    let qps = lanes as u64 * (memory.qp_bytes(SEND_QP_CAPS) + memory.qp_bytes(RECV_QP_CAPS));
+    let qps = lanes as u64 * (memory.qp_bytes(SEND_QP_CAPS) + memory.qp_bytes(recv_caps));
     ConnectionMemory {
         registered: members as u64 * (send_rings + recv_rings),
         queues: qps + cqs,
@@ -203,10 +220,10 @@ pub fn connection_memory(config: &Config, members: usize, memory: QueueMemory) -
 const PAGE: u64 = 4096;
 
 /// Every n-th CTS write is signaled so the receiver's send queue drains. Each completion is
-/// work for the device and for the poll that finds it, so it is rare: one per half ring, i.e.
-/// almost four signal periods fit in the queue's `2 * SLOTS - 1` entries (NCCL's transport signals one
-/// CTS write per ring of 32).
-pub(super) const CTS_SIGNAL_EVERY: u64 = (SLOTS / 2) as u64;
+/// work for the device and for the poll that finds it, so it is rare: one per quarter ring, i.e.
+/// almost four signal periods fit in the queue's `SLOTS - 1` entries (NCCL's transport signals
+/// one CTS write per ring of 32, in a queue of 64).
+pub(super) const CTS_SIGNAL_EVERY: u64 = (SLOTS / 4) as u64;
 
 /// `wr_id` kinds (top byte); the low bits carry a slot or flush index.
 pub(super) const WR_SEND_DONE: u64 = 1 << 56;
@@ -920,11 +937,12 @@ mod tests {
         // + eager headers 512 B) -> 1 page. Receive: sizes ring 2048 B + bounce ring
         // 8 x (16 + 4096) B -> 9 pages, CTS staging (two rings and the credit word) 9 pages.
         assert_eq!(mlx5.registered, (5 + 1 + 9 + 9) * PAGE);
-        // mlx5: the send QP 63 x 256-byte entries (16 KiB) and its receive queue, 5 pages;
-        // the receive QP 63 x 320-byte entries (64 inline: 32 KiB) and 64 receives, 9 pages;
-        // CQs of 128 and 256 entries (80 and 175 asked for), 2 and 4 pages.
-        assert_eq!(mlx5.queues, (5 + 9 + 2 + 4) * PAGE);
-        assert_eq!(mlx5.pinned(), (24 + 20) * PAGE);
+        // mlx5: the send QP 31 x 256-byte entries (8 KiB) and its receive queue, 3 pages; the
+        // receive QP 31 x 256-byte entries (the CTS from staging, not inline) and 32 + 8
+        // receives (1 KiB), 3 pages; CQs of 64 and 128 entries (48 and 119 asked for), 1 and
+        // 2 pages.
+        assert_eq!(mlx5.queues, (3 + 3 + 1 + 2) * PAGE);
+        assert_eq!(mlx5.pinned(), (24 + 9) * PAGE);
         // rxe keeps its queues in kernel memory: only the rings count against memlock.
         let rxe = connection_memory(&config, 1, QueueMemory::Kernel);
         assert_eq!(rxe.pinned(), 24 * PAGE);
@@ -945,8 +963,9 @@ mod tests {
         };
         let two = connection_memory(&fused, 2, QueueMemory::Pinned);
         assert_eq!(two.registered, 2 * (6 + 10) * PAGE);
-        let qps = 4 * (5 + 9) * PAGE;
-        // CQs: 4 x 64 + 16 = 272 -> 512 entries (32 KiB); 4 x 127 + 32 + 16 = 556 -> 1024 (64 KiB).
-        assert_eq!(two.queues, qps + 2 * (8 + 16) * PAGE);
+        // Receive QPs: 32 receives, no eager pool.
+        let qps = 4 * (3 + 3) * PAGE;
+        // CQs: 4 x 32 + 16 = 144 -> 256 entries (16 KiB); 4 x 63 + 32 + 16 = 300 -> 512 (32 KiB).
+        assert_eq!(two.queues, qps + 2 * (4 + 8) * PAGE);
     }
 }

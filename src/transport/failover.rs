@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::DeviceContext;
 use super::conn::Failure;
-use super::conn::{CTS_RING_BYTES, WR_RECV};
+use super::conn::{CTS_RING_BYTES, WR_RECV, eager_receive_pool};
 use super::conn::{QpSet, WR_INDEX_MASK};
 use super::health::health_changes;
 use super::recv::{AnswerWrites, RecvComm, RecvState};
@@ -759,16 +759,13 @@ impl Repairing for RecvComm {
 
 impl RecvComm {
     /// Lane `lane`'s new QP is connected: post a receive for every message it still owes (and,
-    /// with eager messages, the receives they arrive on, one per slot, as at connect), and
+    /// with eager messages, the receives they arrive on, one per bounce slot, as at connect), and
     /// write again the answers that went on it and, with quiet receives, the latest credit
     /// (they may not have landed).
     fn resume(&self, st: &mut RecvState, lane: usize) -> Result<()> {
         let slot = self.qps.lanes[lane].read();
-        let eager_pool = if st.proto.layout().eager_bytes > 0 {
-            SLOTS
-        } else {
-            0
-        };
+        let layout = st.proto.layout();
+        let eager_pool = eager_receive_pool(layout.eager_bytes, layout.bounce_slots);
         for _ in 0..st.proto.expecting(lane) + eager_pool {
             slot.qp.post_recv(WR_RECV)?;
         }

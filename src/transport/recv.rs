@@ -12,10 +12,10 @@ use parking_lot::Mutex;
 
 use super::conn::{
     CREDIT_OFFSET, CREDIT_STAGING, CTS_RING_BYTES, CTS_SIGNAL_EVERY, CTS_STAGING_REGION_BYTES,
-    FLUSH_QP_CAPS, Failure, Nonces, QpSet, RECV_QP_CAPS, SIZES_RING_BYTES, SIZES_SLOT_BYTES,
-    WR_CTS, WR_DRAIN, WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, bounce_slots,
-    check_alive, check_peer, completion_error, describe_eager, describe_local, describe_remote,
-    failover_agreed, flush_cq_room, local_hello, path_params, quiet_receives,
+    FLUSH_QP_CAPS, Failure, Nonces, QpSet, SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS, WR_DRAIN,
+    WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, bounce_slots, check_alive, check_peer,
+    completion_error, describe_eager, describe_local, describe_remote, eager_receive_pool,
+    failover_agreed, flush_cq_room, local_hello, path_params, quiet_receives, recv_qp_caps,
 };
 use super::failover::{Failover, Repairing, log_failover};
 use super::health::DeviceHealth;
@@ -172,11 +172,30 @@ impl RecvComm {
     ) -> Result<(Self, Hello)> {
         let gids = ctx.current_gids();
         check_peer(ctx, &gids, remote, peer)?;
+        // The eager path and its bounce ring, from both hellos: they size the QPs' receive
+        // queues. A connection has as many QPs as the sender offered.
+        let eager_bytes = agreed_eager_bytes(
+            &ctx.config,
+            remote.qpns.len(),
+            u64::from(remote.eager_bytes),
+        );
+        let quiet = quiet_receives(&ctx.config, eager_bytes, remote);
+        // The reply offers this side's `eager_slots` (`local_hello`).
+        let bounce_slots = bounce_slots(
+            remote.bounce_slots,
+            ctx.config.eager_slots,
+            eager_bytes,
+            quiet,
+        );
+        let eager_pool = eager_receive_pool(eager_bytes, bounce_slots);
         let qps = QpSet::new(
             ctx,
             gids,
             (remote.qpns.len(), remote.members.len()),
-            (RECV_QP_CAPS, Access::REMOTE_WRITE.with(Access::REMOTE_READ)),
+            (
+                recv_qp_caps(eager_pool),
+                Access::REMOTE_WRITE.with(Access::REMOTE_READ),
+            ),
             flush_cq_room(&ctx.config),
             (ctx.config.batch, ctx.config.port_failover),
         )?;
@@ -189,22 +208,11 @@ impl RecvComm {
         };
         let traffic = ctx.config.receiver_traffic(chosen, ctx.ports[0].is_roce());
         qps.connect(ctx, remote, traffic)?;
-        let eager_bytes = agreed_eager_bytes(&ctx.config, qps.len(), u64::from(remote.eager_bytes));
-        let quiet = quiet_receives(&ctx.config, eager_bytes, remote);
-        if eager_bytes > 0 {
-            // Eager messages arrive unannounced: keep a receive posted for every slot.
-            for _ in 0..SLOTS {
-                qps.qp(0).post_recv(WR_RECV)?;
-            }
+        // Eager messages arrive unannounced: keep a receive posted for each bounce slot.
+        for _ in 0..eager_pool {
+            qps.qp(0).post_recv(WR_RECV)?;
         }
         let pds = ctx.pds();
-        // The reply offers this side's `eager_slots` (`local_hello`).
-        let bounce_slots = bounce_slots(
-            remote.bounce_slots,
-            ctx.config.eager_slots,
-            eager_bytes,
-            quiet,
-        );
         let sizes_ring = HostRegion::new(
             &pds,
             SIZES_RING_BYTES + eager::ring_bytes(eager_bytes, bounce_slots) as usize,
