@@ -28,17 +28,16 @@ pub(super) const CTS_RING_BYTES: usize = SLOTS * MAX_RECVS * Cts::LEN;
 pub(super) const CREDIT_OFFSET: usize = CTS_RING_BYTES;
 /// Bytes of the sender's ring region: the ring and the credit's line.
 pub(super) const CTS_REGION_BYTES: usize = CTS_RING_BYTES + Cts::LEN;
-/// Bytes of the receiver's CTS staging: two rings, alternating by round of the message ring.
-/// A receive that copied an eager message completes without the sender, so the next receive in
-/// its slot (a ring later) may be posted before the NIC read the answer out of staging; it must
-/// not rewrite those bytes. The receive two rings later is posted only once the sender saw this
-/// answer or the next one in the slot (written after it on the same QP).
-pub(super) const CTS_STAGING_BYTES: usize = 2 * CTS_RING_BYTES;
-/// Where the receiver stages its credit word: behind the two rings. Rewritten while a post of
-/// it may not have been read yet, which is harmless: credits only grow, and each is true when
+/// Bytes of the receiver's CTS staging: one ring in the sender's ring's layout. A receive that
+/// copied an eager message completes without the sender, so the next receive in its slot (a
+/// ring later) may come before the NIC read the answer out of staging: it waits until a
+/// signaled write posted with or after that answer completed (`core::proto::answers`).
+pub(super) const CTS_STAGING_BYTES: usize = CTS_RING_BYTES;
+/// Where the receiver stages its credit word: behind the ring. Rewritten while a post of it
+/// may not have been read yet, which is harmless: credits only grow, and each is true when
 /// staged.
 pub(super) const CREDIT_STAGING: usize = CTS_STAGING_BYTES;
-/// Bytes of the receiver's staging region: the two rings and the credit word.
+/// Bytes of the receiver's staging region: the ring and the credit word.
 pub(super) const CTS_STAGING_REGION_BYTES: usize = CREDIT_STAGING + 8;
 /// Bytes of one slot of the receiver's sizes ring (`MAX_RECVS` u64 sizes).
 pub(super) const SIZES_SLOT_BYTES: usize = MAX_RECVS * 8;
@@ -68,8 +67,25 @@ pub(super) fn bounce_slots(connector: u8, acceptor: u8, eager_bytes: u64, quiet:
     eager::agreed_bounce_slots(connector, acceptor, quiet)
 }
 
-/// Bytes of the sender's staging region: a sizes slot and an eager header per message slot.
+/// Bytes of the sender's staging: a sizes slot and an eager header per message slot.
 pub(super) const STAGING_BYTES: usize = SIZES_RING_BYTES + SLOTS * eager::HEADER_BYTES;
+/// Where the sender's staging lies in its rings' registration: behind the CTS ring and the
+/// credit's line. One registration for both (the receiver may then write the staging too,
+/// which can only spoil what it is sent itself; see docs/security.md).
+pub(super) const SEND_STAGING_AT: usize = CTS_REGION_BYTES;
+/// Bytes of the sender's rings' registration.
+pub(super) const SEND_RINGS_BYTES: usize = SEND_STAGING_AT + STAGING_BYTES;
+
+/// Where the receiver's CTS staging lies in its rings' registration (sizes ring, bounce ring
+/// of `bounce_bytes`, staging): on a line of its own behind the bounce ring.
+pub(super) fn recv_staging_at(bounce_bytes: usize) -> usize {
+    (SIZES_RING_BYTES + bounce_bytes).next_multiple_of(64)
+}
+
+/// Bytes of the receiver's rings' registration.
+pub(super) fn recv_rings_bytes(bounce_bytes: usize) -> usize {
+    recv_staging_at(bounce_bytes) + CTS_STAGING_REGION_BYTES
+}
 
 /// Sender QPs: room for one post per message slot, one less than a power of two (rxe rounds
 /// depth + 1 up to one; mlx5 rounds the queue's bytes). NCCL's proxy keeps at most `NCCL_STEPS`
@@ -80,10 +96,12 @@ pub(super) const STAGING_BYTES: usize = SIZES_RING_BYTES + SLOTS * eager::HEADER
 /// fit (more requests in flight, or a grouped receive of buffers over 1 GiB: up to
 /// `POSTS_PER_MESSAGE` per QP) waits in its lane's queue until completions make room (`held`).
 /// Inline up to 32 bytes: what two scatter/gather entries take anyway, so it costs no memory on
-/// mlx5 or rxe (64 would double every entry on both, see `core::queues`).
+/// mlx5 or rxe (64 would double every entry on both, see `core::queues`). No receive queue:
+/// nothing is ever sent to the sender with a receive to consume (the receiver's answers are
+/// plain RDMA writes), and on mlx5 a receive queue of one entry costs the QP a page.
 pub(super) const SEND_QP_CAPS: QpCaps = QpCaps {
     max_send_wr: (SLOTS - 1) as u32,
-    max_recv_wr: 1,
+    max_recv_wr: 0,
     max_inline: 32,
 };
 
@@ -107,10 +125,11 @@ pub(super) const fn recv_qp_caps(eager_pool: usize) -> QpCaps {
 pub(super) fn eager_receive_pool(eager_bytes: u64, bounce_slots: usize) -> usize {
     if eager_bytes > 0 { bounce_slots } else { 0 }
 }
-/// A receive comm's flush QPs, built at its first `iflush`: one read per flush in flight.
+/// A receive comm's flush QPs, built at its first `iflush`: one read per flush in flight, no
+/// receives.
 pub(super) const FLUSH_QP_CAPS: QpCaps = QpCaps {
     max_send_wr: SLOTS as u32,
-    max_recv_wr: 1,
+    max_recv_wr: 0,
     max_inline: 0,
 };
 
@@ -200,8 +219,8 @@ pub fn connection_memory(config: &Config, members: usize, memory: QueueMemory) -
     } else {
         0
     };
-    let send_rings = region(CTS_REGION_BYTES) + region(STAGING_BYTES) + eager_staging;
-    let recv_rings = region(SIZES_RING_BYTES + bounce as usize) + region(CTS_STAGING_REGION_BYTES);
+    let send_rings = region(SEND_RINGS_BYTES) + eager_staging;
+    let recv_rings = region(recv_rings_bytes(bounce as usize));
     let cqs: u64 = (0..members)
         .map(|m| {
             let here = lanes_on_cq(m, lanes, members, config.port_failover);
@@ -933,22 +952,30 @@ mod tests {
         const PAGE: u64 = 4096;
         let config = Config::default();
         let mlx5 = connection_memory(&config, 1, QueueMemory::Pinned);
-        // Send: CTS ring 32 x 8 x 64 B and the credit's line -> 5 pages, staging (sizes 2048 B
-        // + eager headers 512 B) -> 1 page. Receive: sizes ring 2048 B + bounce ring
-        // 8 x (16 + 4096) B -> 9 pages, CTS staging (two rings and the credit word) 9 pages.
-        assert_eq!(mlx5.registered, (5 + 1 + 9 + 9) * PAGE);
-        // mlx5: the send QP 31 x 256-byte entries (8 KiB) and its receive queue, 3 pages; the
+        // Send, one registration: CTS ring 32 x 8 x 64 B and the credit's line, staging (sizes
+        // 2048 B + eager headers 512 B): 19,008 B -> 5 pages. Receive, one registration: sizes
+        // ring 2048 B + bounce ring 8 x (16 + 4096) B, CTS staging (the ring and the credit
+        // word): 51,336 B -> 13 pages.
+        assert_eq!(mlx5.registered, (5 + 13) * PAGE);
+        // mlx5: the send QP 31 x 256-byte entries (8 KiB), no receive queue, 2 pages; the
         // receive QP 31 x 256-byte entries (the CTS from staging, not inline) and 32 + 8
         // receives (1 KiB), 3 pages; CQs of 64 and 128 entries (48 and 119 asked for), 1 and
         // 2 pages.
-        assert_eq!(mlx5.queues, (3 + 3 + 1 + 2) * PAGE);
-        assert_eq!(mlx5.pinned(), (24 + 9) * PAGE);
+        assert_eq!(mlx5.queues, (2 + 3 + 1 + 2) * PAGE);
+        assert_eq!(mlx5.pinned(), (18 + 8) * PAGE);
         // rxe keeps its queues in kernel memory: only the rings count against memlock.
         let rxe = connection_memory(&config, 1, QueueMemory::Kernel);
-        assert_eq!(rxe.pinned(), 24 * PAGE);
+        assert_eq!(rxe.pinned(), 18 * PAGE);
         assert!(rxe.queues > 0);
-        // Quiet receives: a bounce ring of 32 slots, 33 pages with the sizes ring, and the
-        // sender's eager staging ring that matches it, 33 more.
+        // Without the eager path: no bounce ring, 2048 + 16,392 B -> 5 pages on the receiver.
+        let no_eager = Config {
+            eager_bytes: 0,
+            ..Config::default()
+        };
+        let no_eager = connection_memory(&no_eager, 1, QueueMemory::Kernel);
+        assert_eq!(no_eager.pinned(), (5 + 5) * PAGE);
+        // Quiet receives: a bounce ring of 32 slots, 24 pages more in the receiver's
+        // registration, and the sender's eager staging ring that matches it, 33 pages.
         let quiet = Config {
             quiet: true,
             ..Config::default()
@@ -962,10 +989,10 @@ mod tests {
             ..Config::default()
         };
         let two = connection_memory(&fused, 2, QueueMemory::Pinned);
-        assert_eq!(two.registered, 2 * (6 + 10) * PAGE);
+        assert_eq!(two.registered, 2 * (5 + 5) * PAGE);
         // Receive QPs: 32 receives, no eager pool.
-        let qps = 4 * (3 + 3) * PAGE;
-        // CQs: 4 x 32 + 16 = 144 -> 256 entries (16 KiB); 4 x 63 + 32 + 16 = 300 -> 512 (32 KiB).
+        let qps = 4 * (2 + 3) * PAGE;
+        // CQs: 4 x 31 + 16 = 140 -> 256 entries (16 KiB); 4 x 63 + 32 + 16 = 300 -> 512 (32 KiB).
         assert_eq!(two.queues, qps + 2 * (4 + 8) * PAGE);
     }
 }

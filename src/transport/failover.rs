@@ -13,15 +13,15 @@ use std::time::{Duration, Instant};
 
 use super::DeviceContext;
 use super::conn::Failure;
-use super::conn::{CTS_RING_BYTES, WR_RECV, eager_receive_pool};
 use super::conn::{QpSet, WR_INDEX_MASK};
+use super::conn::{WR_RECV, eager_receive_pool};
 use super::health::health_changes;
 use super::recv::{AnswerWrites, RecvComm, RecvState};
 use super::send::{SendComm, SendState};
 use super::watch::{PeerLink, Watched};
 use crate::core::config::Traffic;
 use crate::core::error::{Error, Kind, Result};
-use crate::core::proto::{Answer, Layout, SLOTS};
+use crate::core::proto::{Answer, Layout};
 use crate::core::repair::{
     Action, Cause, FollowRepair, Frame, GaveUp, Health, LaneSet, LeadRepair, MemberSet, Route,
 };
@@ -140,9 +140,9 @@ pub(super) struct Failover<R> {
     polls: u32,
 }
 
-/// A broken lane's old QP on its way out: both its markers are posted
+/// A broken lane's old QP on its way out: its markers are posted
 /// ([`QueuePair::post_drain_markers`]); the send queue's completes after every send request,
-/// the receive queue's after every receive. Some providers never flush a receive posted to a
+/// the receive queue's after every receive (a sender's QP has no receive queue, nor marker). Some providers never flush a receive posted to a
 /// QP in ERR (rxe before Linux 6.4): then the drain ends [`RECEIVE_GRACE`] after the send
 /// queue's marker, by which time the receives that completed before ERR are polled.
 #[derive(Copy, Clone, Debug)]
@@ -331,17 +331,18 @@ impl<R: Repair> Failover<R> {
         Some(self.core.broken(lane, cause, Instant::now()))
     }
 
-    /// Move lane `lane`'s QP to ERR and post its drain markers (two: send and receive queue).
+    /// Move lane `lane`'s QP to ERR and post its drain markers (send and receive queue; a
+    /// sender's QP has no receive queue).
     pub(super) fn flush(&mut self, qps: &QpSet, lane: usize) -> Result<()> {
         let qp = qps.qp(lane);
         qp.to_error()?;
-        qp.post_drain_markers(
+        let receive_marker = qp.post_drain_markers(
             WR_LANE_DRAIN | lane as u64,
             WR_LANE_DRAIN_RECV | lane as u64,
         )?;
         self.draining[lane] = Some(Drain {
             send_done: None,
-            receive_done: false,
+            receive_done: !receive_marker,
         });
         Ok(())
     }
@@ -769,20 +770,22 @@ impl RecvComm {
         for _ in 0..st.proto.expecting(lane) + eager_pool {
             slot.qp.post_recv(WR_RECV)?;
         }
+        // Signaled writes on the old QP never complete.
+        st.answers.lost_in_flight();
         let answers: Vec<(usize, Answer, usize)> = st.proto.answers_on(lane).collect();
-        for (ring_slot, answer, n) in answers {
-            let round = usize::from((answer.seq() / SLOTS as u64) % 2 == 1);
+        for (ring_slot, _, n) in answers {
+            let write = st.answers.post();
+            st.answers.staged(ring_slot, write);
             let writes = AnswerWrites {
                 slot: ring_slot,
-                staged: round * CTS_RING_BYTES,
-                lkey: self.cts_staging.mr(slot.member).lkey(),
+                write: write.index,
+                lkey: self.rings.mr(slot.member).lkey(),
                 rkey: self.remote_ring_rkeys[slot.remote],
             };
-            let signaled = st.next_cts_signaled();
             let apart = self.answers_apart(n);
             // SAFETY: the staged entries of an answer still recorded as its slot's latest are
             // rewritten only for a later message of that slot, which replaces the record.
-            unsafe { self.submit_answer(&slot.queue, &writes, n, signaled, false, apart) }?;
+            unsafe { self.submit_answer(&slot.queue, &writes, n, write.signaled, false, apart) }?;
         }
         drop(slot);
         let credit = st.proto.credited();

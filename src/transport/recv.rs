@@ -11,11 +11,11 @@ use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
 use super::conn::{
-    CREDIT_OFFSET, CREDIT_STAGING, CTS_RING_BYTES, CTS_SIGNAL_EVERY, CTS_STAGING_REGION_BYTES,
-    FLUSH_QP_CAPS, Failure, Nonces, QpSet, SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS, WR_DRAIN,
-    WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, bounce_slots, check_alive, check_peer,
-    completion_error, describe_eager, describe_local, describe_remote, eager_receive_pool,
-    failover_agreed, flush_cq_room, local_hello, path_params, quiet_receives, recv_qp_caps,
+    CREDIT_OFFSET, CREDIT_STAGING, CTS_SIGNAL_EVERY, FLUSH_QP_CAPS, Failure, Nonces, QpSet,
+    SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS, WR_DRAIN, WR_FLUSH, WR_INDEX_MASK, WR_RECV,
+    agreed_eager_bytes, bounce_slots, check_alive, check_peer, completion_error, describe_eager,
+    describe_local, describe_remote, eager_receive_pool, failover_agreed, flush_cq_room,
+    local_hello, path_params, quiet_receives, recv_qp_caps, recv_rings_bytes, recv_staging_at,
 };
 use super::failover::{Failover, Repairing, log_failover};
 use super::health::DeviceHealth;
@@ -30,7 +30,8 @@ use crate::core::eager::{self, Announced};
 use crate::core::error::{Error, Result};
 use crate::core::group::Group;
 use crate::core::proto::{
-    Arrived, CtsLayout, CtsPost, EagerCopy, EagerHeader, Layout, RecvBuf, RecvDone, RecvSide, SLOTS,
+    AnswerReads, Arrived, CtsLayout, CtsPost, EagerCopy, EagerHeader, Layout, RecvBuf, RecvDone,
+    RecvSide, Restage, SLOTS,
 };
 use crate::core::repair::LeadRepair;
 use crate::core::wire::{Cts, Hello, Role};
@@ -106,7 +107,8 @@ pub(super) struct RecvState {
     pub(super) proto: RecvSide,
     pub(super) failed: Failure,
     completed_any: bool,
-    pub(super) cts_posted: u64,
+    /// The writes into the sender's ring, and which the NIC read (see `core::proto::answers`).
+    pub(super) answers: AnswerReads,
     flushes: Vec<FlushSlot>,
     /// How long quiet receives have waited without an eager arrival; `None` while none waits.
     quiet_wait: Option<QuietWait>,
@@ -116,16 +118,6 @@ pub(super) struct RecvState {
     events: Option<Events>,
     /// Port failover, when both sides agreed on it.
     pub(super) failover: Option<Box<Failover<LeadRepair>>>,
-}
-
-impl RecvState {
-    /// Count a write into the sender's ring and say whether it is signaled: every
-    /// [`CTS_SIGNAL_EVERY`]th, so the send queue drains.
-    pub(super) fn next_cts_signaled(&mut self) -> bool {
-        let signaled = self.cts_posted.is_multiple_of(CTS_SIGNAL_EVERY);
-        self.cts_posted += 1;
-        signaled
-    }
 }
 
 /// A connected receive comm.
@@ -140,13 +132,13 @@ pub struct RecvComm {
     /// One loopback QP per member, built at the first `iflush` (NCCL flushes only receives
     /// into GPU memory: a comm of host buffers never needs them).
     flush: OnceCell<Vec<FlushQp>>,
-    /// The answers as they go out: the ring's layout, twice (see
-    /// [`CTS_STAGING_BYTES`](super::conn::CTS_STAGING_BYTES)).
-    pub(super) cts_staging: HostRegion,
     /// Where the sender reads the entries (the ring's layout).
     cts_layout: CtsLayout,
-    /// The sizes ring, followed by the eager bounce ring when the connection uses one.
-    sizes_ring: HostRegion,
+    /// One registration: the sizes ring, the eager bounce ring when the connection uses one,
+    /// and from `staging_at` the answers as they go out, in the sender's ring's layout (see
+    /// [`CTS_STAGING_BYTES`](super::conn::CTS_STAGING_BYTES)), and the credit word.
+    pub(super) rings: HostRegion,
+    staging_at: usize,
     remote_ring_addr: u64,
     pub(super) remote_ring_rkeys: Vec<u32>,
     local: String,
@@ -213,12 +205,12 @@ impl RecvComm {
             qps.qp(0).post_recv(WR_RECV)?;
         }
         let pds = ctx.pds();
-        let sizes_ring = HostRegion::new(
+        let bounce_bytes = eager::ring_bytes(eager_bytes, bounce_slots) as usize;
+        let rings = HostRegion::new(
             &pds,
-            SIZES_RING_BYTES + eager::ring_bytes(eager_bytes, bounce_slots) as usize,
+            recv_rings_bytes(bounce_bytes),
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
-        let cts_staging = HostRegion::new(&pds, CTS_STAGING_REGION_BYTES, Access::LOCAL_WRITE)?;
         let nonces = Nonces {
             listen: remote.listen_nonce,
             connect: remote.connect_nonce,
@@ -228,7 +220,7 @@ impl RecvComm {
             &qps,
             Role::Accept,
             nonces,
-            &sizes_ring,
+            &rings,
             remote.split_data,
             traffic,
         );
@@ -261,9 +253,9 @@ impl RecvComm {
             qps,
             traffic,
             flush: OnceCell::new(),
-            cts_staging,
             cts_layout: CtsLayout::with_peer(remote.revision),
-            sizes_ring,
+            rings,
+            staging_at: recv_staging_at(bounce_bytes),
             remote_ring_addr: remote.ring_addr,
             remote_ring_rkeys: remote.members.iter().map(|m| m.ring_rkey).collect(),
             local,
@@ -274,7 +266,7 @@ impl RecvComm {
                 proto: RecvSide::new(layout),
                 failed: Failure::default(),
                 completed_any: false,
-                cts_posted: 0,
+                answers: AnswerReads::new(CTS_SIGNAL_EVERY),
                 flushes: vec![FlushSlot::Free; SLOTS],
                 quiet_wait: None,
                 client: ClientProgress::default(),
@@ -303,7 +295,7 @@ impl RecvComm {
                 link.state() == PeerState::Alive && !link.hung_up()
             })
         };
-        if st.cts_posted == 0 || st.failed.check().is_err() || !sender_alive() {
+        if st.answers.none_posted() || st.failed.check().is_err() || !sender_alive() {
             return;
         }
         let mut waiting = 0;
@@ -312,16 +304,11 @@ impl RecvComm {
                 continue;
             }
             let lane = lane.read();
-            let wr = WorkRequest {
-                wr_id: WR_DRAIN,
-                op: Op::Write,
-                local: Sge::default(),
-                tail: Sge::default(),
-                remote_addr: self.remote_ring_addr,
-                rkey: self.remote_ring_rkeys[lane.remote],
-                signaled: true,
-                cpu_readable: true,
-            };
+            let wr = empty_write(
+                WR_DRAIN,
+                self.remote_ring_addr,
+                self.remote_ring_rkeys[lane.remote],
+            );
             // SAFETY: a zero-length write reads no local memory.
             if unsafe { lane.queue.post_one(&wr) }.is_ok() {
                 waiting += 1;
@@ -375,12 +362,17 @@ impl RecvComm {
             // completion comes after its header, so without the header there is nothing to poll
             // for (one that lands later is answered by this CTS, as if it landed after a poll).
             let at = self.bounce_slot_at(st.proto.layout(), bounce);
-            if self.sizes_ring.peek_u64(at) == seq {
+            if self.rings.peek_u64(at) == seq {
                 let progressed = self.progress(&mut st);
                 st.failed.after_posting_progress(progressed)?;
             }
         }
-        let Some((_, cts)) = st.proto.irecv(bufs)? else {
+        let posted = if self.staging_free(&mut st)? {
+            st.proto.irecv(bufs)?
+        } else {
+            None
+        };
+        let Some((_, cts)) = posted else {
             // NCCL calls again until it gets a request: that loop must end when the sender is
             // gone. (A receive that was posted learns of it in `test`.)
             if let Err(e) = self.check_alive() {
@@ -405,6 +397,60 @@ impl RecvComm {
             Ok(()) => Ok(Some(cts.slot)),
             Err(e) => Err(st.failed.record(e)),
         }
+    }
+
+    /// Whether the next receive's slot may be staged: the answer staged there a ring ago was
+    /// read by the NIC. Only a connection that copies eager messages asks (elsewhere a receive
+    /// completes after the sender read its answer), and almost always the slot is free at once;
+    /// else the completions are polled and, when no signaled write follows that answer (quiet
+    /// receives post few), a signaled empty write is posted, whose completion frees the slot
+    /// for NCCL's next call.
+    #[inline(always)]
+    fn staging_free(&self, st: &mut RecvState) -> Result<bool> {
+        if st.proto.layout().eager_bytes == 0 {
+            return Ok(true);
+        }
+        let slot = st.proto.next_slot();
+        if st.answers.restage(slot) == Restage::Free {
+            return Ok(true);
+        }
+        self.await_staging(st, slot)
+    }
+
+    /// [`Self::staging_free`] once the slot's answer is not known read (out of line).
+    #[cold]
+    #[inline(never)]
+    fn await_staging(&self, st: &mut RecvState, slot: usize) -> Result<bool> {
+        // The write that frees it may wait in the lane's queue.
+        self.qps.lanes[0].read().queue.flush()?;
+        let progressed = self.progress(st);
+        st.failed.after_posting_progress(progressed)?;
+        match st.answers.restage(slot) {
+            Restage::Free => Ok(true),
+            Restage::Reading => Ok(false),
+            Restage::Unfenced => {
+                self.write_fence(st)?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// A signaled RDMA write of no bytes into the sender's ring: its completion says that every
+    /// write before it on the QP was read. A lane that is down writes again what it owes when
+    /// repaired, which numbers its writes anew.
+    fn write_fence(&self, st: &mut RecvState) -> Result<()> {
+        if st.failover.as_deref().is_some_and(|f| !f.is_up(0)) {
+            return Ok(());
+        }
+        let write = st.answers.post_signaled();
+        let lane = self.qps.lanes[0].read();
+        let wr = empty_write(
+            WR_CTS | write.index,
+            self.remote_ring_addr,
+            self.remote_ring_rkeys[lane.remote],
+        );
+        // SAFETY: a zero-length write reads no local memory.
+        unsafe { lane.queue.post_one(&wr) }
     }
 
     /// With quiet receives, write what the receiver owes the sender after handling something
@@ -441,22 +487,22 @@ impl RecvComm {
         if st.failover.as_deref().is_some_and(|f| !f.is_up(0)) {
             return Ok(());
         }
-        self.cts_staging
-            .write(CREDIT_STAGING, &credit.to_le_bytes());
-        let signaled = st.next_cts_signaled();
+        self.rings
+            .write(self.staging_at + CREDIT_STAGING, &credit.to_le_bytes());
+        let write = st.answers.post();
         let lane = self.qps.lanes[0].read();
         let wr = WorkRequest {
-            wr_id: WR_CTS,
+            wr_id: WR_CTS | write.index,
             op: Op::Write,
             local: Sge {
-                addr: self.cts_staging.addr(CREDIT_STAGING),
+                addr: self.rings.addr(self.staging_at + CREDIT_STAGING),
                 len: 8,
-                lkey: self.cts_staging.mr(lane.member).lkey(),
+                lkey: self.rings.mr(lane.member).lkey(),
             },
             tail: Sge::default(),
             remote_addr: self.remote_ring_addr + CREDIT_OFFSET as u64,
             rkey: self.remote_ring_rkeys[lane.remote],
-            signaled,
+            signaled: write.signaled,
             cpu_readable: true,
         };
         // SAFETY: the staged word may be rewritten before the NIC reads it, with a larger
@@ -492,24 +538,25 @@ impl RecvComm {
         let Some(answer) = cts.answer else {
             return Ok(());
         };
-        let round = usize::from((answer.seq() / SLOTS as u64) % 2 == 1);
-        let staged = round * CTS_RING_BYTES;
+        // The slot's staged answer before this one was read (`staging_free`).
         let n = answer.entries(bufs.len());
         for i in 0..n {
             let at = self.cts_layout.offset(cts.slot, i);
-            self.cts_staging
-                .write(staged + at, &answer.entry(bufs, i).emit());
+            self.rings
+                .write(self.staging_at + at, &answer.entry(bufs, i).emit());
         }
         if st.failover.as_deref().is_some_and(|f| !f.is_up(cts.qp)) {
             // Written again when the lane is repaired (`RecvSide::answers_on`).
             return Ok(());
         }
-        let signaled = st.next_cts_signaled();
+        let write = st.answers.post();
+        st.answers.staged(cts.slot, write);
+        let signaled = write.signaled;
         let lane = self.qps.lanes[cts.qp].read();
         let answers = AnswerWrites {
             slot: cts.slot,
-            staged,
-            lkey: self.cts_staging.mr(lane.member).lkey(),
+            write: write.index,
+            lkey: self.rings.mr(lane.member).lkey(),
             rkey: self.remote_ring_rkeys[lane.remote],
         };
         let hold = self.ctx.config.batch;
@@ -535,10 +582,10 @@ impl RecvComm {
     /// usual answer is one write posted at once.
     ///
     /// # Safety
-    /// These staging bytes are rewritten only for message seq + 2 * SLOTS, posted after message
-    /// seq + SLOTS completed, i.e. after the sender read this answer or the next one in the ring
-    /// slot, written after this one on the same QP (a connection that copies eager messages has
-    /// one QP; otherwise the sender read this answer).
+    /// These staging bytes are rewritten only for message seq + SLOTS, posted after message seq
+    /// completed: after the sender read this answer, or, where a copy completed it (on the one
+    /// QP of a connection that copies eager messages), once a signaled write posted with or
+    /// after it completed (`staging_free`).
     #[inline(never)]
     pub(super) unsafe fn submit_answer(
         &self,
@@ -603,7 +650,7 @@ impl RecvComm {
         // SAFETY: the payload's write-with-immediate completed and the sender writes this bounce
         // slot again only after this message was answered; the destination is the caller's.
         unsafe {
-            self.sizes_ring.copy_to(at, copy.addr as *mut u8, len);
+            self.rings.copy_to(at, copy.addr as *mut u8, len);
         }
     }
 
@@ -734,7 +781,7 @@ impl RecvComm {
             events.finish(index);
         }
         let sizes = if done.ringed {
-            let raw: [u8; SIZES_SLOT_BYTES] = self.sizes_ring.read(index * SIZES_SLOT_BYTES);
+            let raw: [u8; SIZES_SLOT_BYTES] = self.rings.read(index * SIZES_SLOT_BYTES);
             Sizes::Group(
                 raw.chunks_exact(8)
                     .take(done.n)
@@ -800,8 +847,8 @@ impl RecvComm {
         let at = self.bounce_slot_at(layout, a.slot(layout.bounce_slots));
         // The write-with-immediate completed, so the header is in place; the sender writes this
         // slot again only after the message was answered.
-        let seq = u64::from_le_bytes(self.sizes_ring.read(at));
-        let tag = i32::from_le_bytes(self.sizes_ring.read(at + 8));
+        let seq = u64::from_le_bytes(self.rings.read(at));
+        let tag = i32::from_le_bytes(self.rings.read(at + 8));
         match st.proto.eager_arrived(a, EagerHeader { seq, tag })? {
             // SAFETY: the copy goes into a receive still in flight, whose buffer NCCL keeps
             // valid until `test` reports it done (`irecv`'s contract).
@@ -847,6 +894,10 @@ impl RecvComm {
                     Some(a) => self.eager_arrived(st, q, a),
                     None => st.proto.handle_completion(q, imm),
                 })
+            }
+            WR_CTS => {
+                st.answers.completed(c.wr_id & WR_INDEX_MASK);
+                Ok(())
             }
             WR_FLUSH => {
                 let k = usize::try_from(c.wr_id & WR_INDEX_MASK).unwrap_or(usize::MAX);
@@ -894,12 +945,27 @@ pub enum Sizes {
     Group(Group<u64>),
 }
 
+/// A signaled RDMA write of no bytes into the sender's ring at `remote_addr`: its completion
+/// comes after every write posted before it on the QP.
+fn empty_write(wr_id: u64, remote_addr: u64, rkey: u32) -> WorkRequest {
+    WorkRequest {
+        wr_id,
+        op: Op::Write,
+        local: Sge::default(),
+        tail: Sge::default(),
+        remote_addr,
+        rkey,
+        signaled: true,
+        cpu_readable: true,
+    }
+}
+
 /// The RDMA writes of one answer's entries from the staging ring into the sender's ring.
 pub(super) struct AnswerWrites {
     /// The message slot answered.
     pub(super) slot: usize,
-    /// Offset of this round's half of the staging ring.
-    pub(super) staged: usize,
+    /// The number of the write (`AnswerReads`), which its completion reports.
+    pub(super) write: u64,
     pub(super) lkey: u32,
     pub(super) rkey: u32,
 }
@@ -910,10 +976,10 @@ impl AnswerWrites {
     fn write(&self, comm: &RecvComm, from: usize, count: usize, signaled: bool) -> WorkRequest {
         let at = comm.cts_layout.offset(self.slot, from);
         WorkRequest {
-            wr_id: WR_CTS,
+            wr_id: WR_CTS | self.write,
             op: Op::Write,
             local: Sge {
-                addr: comm.cts_staging.addr(self.staged + at),
+                addr: comm.rings.addr(comm.staging_at + at),
                 len: (count * Cts::LEN) as u32,
                 lkey: self.lkey,
             },

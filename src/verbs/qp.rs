@@ -132,6 +132,8 @@ pub struct QueuePair {
     raw: NonNull<sys::ibv_qp>,
     qpn: u32,
     max_inline: u32,
+    /// It was created with a receive queue (`max_recv_wr` > 0).
+    receives: bool,
     // Keep the PD and CQ alive until the QP is destroyed.
     pd: Arc<ProtectionDomain>,
     _cq: Arc<CompletionQueue>,
@@ -186,6 +188,7 @@ impl QueuePair {
                         raw,
                         qpn,
                         max_inline,
+                        receives: caps.max_recv_wr > 0,
                         pd: Arc::clone(pd),
                         _cq: Arc::clone(cq),
                     });
@@ -329,11 +332,12 @@ impl QueuePair {
     /// Post a signaled zero-byte write numbered `send_id`, and a receive numbered `recv_id`,
     /// to a QP in ERR:
     /// they complete (flushed) after everything posted before them, so their completions say
-    /// the QP is drained (how the kernel's `ib_drain_qp` does it).
+    /// the QP is drained (how the kernel's `ib_drain_qp` does it). A QP without a receive queue
+    /// gets no receive marker: none of its receives can complete. Returns whether it got one.
     ///
     /// # Errors
     /// `System` when a post fails.
-    pub fn post_drain_markers(&self, send_id: u64, recv_id: u64) -> Result<()> {
+    pub fn post_drain_markers(&self, send_id: u64, recv_id: u64) -> Result<bool> {
         let marker = WorkRequest {
             wr_id: send_id,
             op: Op::Write,
@@ -347,7 +351,10 @@ impl QueuePair {
         // SAFETY: a zero-byte write reads and writes no memory, and on a QP in ERR nothing is
         // sent at all.
         unsafe { self.post_one(&marker) }.map_err(Error::from)?;
-        self.post_recv(recv_id)
+        if !self.receives {
+            return Ok(false);
+        }
+        self.post_recv(recv_id).map(|()| true)
     }
 
     /// An empty chain for this QP (it knows how much the QP takes inline).

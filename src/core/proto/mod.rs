@@ -241,11 +241,13 @@ fn fits(size: u64, b: &RecvBuf, tag: i32) -> bool {
     b.tag == tag && size <= b.size
 }
 
+mod answers;
 mod posts;
 mod recv;
 mod rendezvous;
 mod send;
 
+pub use answers::*;
 pub use posts::*;
 pub use recv::*;
 pub use send::*;

@@ -760,6 +760,11 @@ impl RecvSide {
         }
     }
 
+    /// The message slot the next `irecv` takes.
+    pub fn next_slot(&self) -> usize {
+        slot_of(self.next_seq)
+    }
+
     /// Requests posted and not yet released.
     pub fn in_flight(&self) -> usize {
         self.slots.iter().filter(|s| s.is_some()).count()

@@ -10,7 +10,7 @@ const DIAL_ATTEMPT: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 struct Pending {
     qps: QpSet,
-    cts_ring: HostRegion,
+    rings: HostRegion,
     /// What this side sent; the reply must answer it.
     hello: Hello,
 }
@@ -151,9 +151,9 @@ impl Connecting {
             0,
             (config.batch, config.port_failover),
         )?;
-        let cts_ring = HostRegion::new(
+        let rings = HostRegion::new(
             &self.ctx.pds(),
-            CTS_REGION_BYTES,
+            SEND_RINGS_BYTES,
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
         let nonces = Nonces {
@@ -165,24 +165,19 @@ impl Connecting {
             &qps,
             Role::Connect,
             nonces,
-            &cts_ring,
+            &rings,
             self.ctx.config.split_data_on_qps,
             self.traffic,
         );
         let offer = agreed_eager_bytes(&self.ctx.config, nqps, u64::MAX);
         hello.eager_bytes = u32::try_from(offer).unwrap_or(0);
-        Ok(Pending {
-            qps,
-            cts_ring,
-            hello,
-        })
+        Ok(Pending { qps, rings, hello })
     }
 
     fn finish(&self, pending: Pending, remote: &Hello, peer: SocketAddr) -> Result<SendComm> {
         check_peer(&self.ctx, &pending.qps.gids, remote, peer)?;
         let config = &self.ctx.config;
         pending.qps.connect(&self.ctx, remote, self.traffic)?;
-        let staging = HostRegion::new(&self.ctx.pds(), STAGING_BYTES, Access::LOCAL_WRITE)?;
         let nqps = pending.qps.len();
         let eager_bytes = agreed_eager_bytes(config, nqps, u64::from(remote.eager_bytes));
         let quiet = quiet_receives(config, eager_bytes, remote);
@@ -246,9 +241,8 @@ impl Connecting {
             ctx: Arc::clone(&self.ctx),
             qps: pending.qps,
             traffic: self.traffic,
-            cts_ring: pending.cts_ring,
+            rings: pending.rings,
             cts_layout: CtsLayout::with_peer(remote.revision),
-            staging,
             eager_staging,
             remote_sizes_addr: remote.ring_addr,
             remote_sizes_rkeys: remote.members.iter().map(|m| m.ring_rkey).collect(),

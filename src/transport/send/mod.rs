@@ -10,8 +10,8 @@ use parking_lot::Mutex;
 
 use super::DeviceContext;
 use super::conn::{
-    CREDIT_OFFSET, CTS_REGION_BYTES, Failure, Nonces, QpSet, SEND_QP_CAPS, SIZES_RING_BYTES,
-    SIZES_SLOT_BYTES, STAGING_BYTES, WR_DATA, WR_INDEX_MASK, WR_SEND_DONE, agreed_eager_bytes,
+    CREDIT_OFFSET, Failure, Nonces, QpSet, SEND_QP_CAPS, SEND_RINGS_BYTES, SEND_STAGING_AT,
+    SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_DATA, WR_INDEX_MASK, WR_SEND_DONE, agreed_eager_bytes,
     bounce_slots, check_alive, check_peer, completion_error, connection_qps, describe_eager,
     describe_local, describe_remote, failover_agreed, local_hello, quiet_receives, random_u64,
 };
@@ -66,11 +66,12 @@ pub struct SendComm {
     pub(super) qps: QpSet,
     /// What its QPs use (a lane's new QP too).
     pub(super) traffic: Traffic,
-    cts_ring: HostRegion,
-    /// Where the receiver writes its entries in `cts_ring`.
+    /// The CTS ring the receiver writes, its credit word, and from `SEND_STAGING_AT` the
+    /// staging: sizes of grouped messages, then eager headers, as they are written to the
+    /// receiver.
+    rings: HostRegion,
+    /// Where the receiver writes its entries in the CTS ring.
     cts_layout: CtsLayout,
-    /// Sizes of grouped messages, then eager headers, as they are written to the receiver.
-    staging: HostRegion,
     /// With quiet receives, each eager message (header and payload) as it goes, kept until the
     /// receiver has it (`core::proto::Staging`).
     eager_staging: Option<HostRegion>,
@@ -195,14 +196,14 @@ impl SendComm {
     /// (acquire) before the entry it guards. Inlined: `isend` reads one per call.
     #[inline(always)]
     fn entry_seq(&self, slot: usize, i: usize) -> u64 {
-        self.cts_ring
+        self.rings
             .read_u64_acquire(self.cts_layout.offset(slot, i) + Cts::SEQ_OFFSET)
     }
 
     /// Entry `i` of ring slot `slot`, once [`Self::entry_seq`] showed it written.
     #[inline(always)]
     fn entry(&self, slot: usize, i: usize) -> Cts {
-        Cts::parse(&self.cts_ring.read(self.cts_layout.offset(slot, i)))
+        Cts::parse(&self.rings.read(self.cts_layout.offset(slot, i)))
     }
 
     /// Log a truncated send at TRACE: out of line, as truncation is rare.
@@ -222,7 +223,7 @@ impl SendComm {
     /// posted when the ring has nothing more.
     fn read_answers(&self, st: &mut SendState) -> Result<()> {
         if st.proto.wants_credit() {
-            let credit = self.cts_ring.read_u64_acquire(CREDIT_OFFSET);
+            let credit = self.rings.read_u64_acquire(CREDIT_OFFSET);
             if let Err(e) = st.proto.handle_credit(credit) {
                 return Err(st.failed.record(e));
             }
@@ -506,12 +507,13 @@ impl SendComm {
                     // The header from staging, the payload gathered behind it from NCCL's
                     // buffer.
                     None => {
-                        let staged = SIZES_RING_BYTES + slot * eager::HEADER_BYTES;
-                        self.staging.write(staged, &header);
+                        let staged =
+                            SEND_STAGING_AT + SIZES_RING_BYTES + slot * eager::HEADER_BYTES;
+                        self.rings.write(staged, &header);
                         let head = Sge {
-                            addr: self.staging.addr(staged),
+                            addr: self.rings.addr(staged),
                             len: eager::HEADER_BYTES as u32,
-                            lkey: self.staging.mr(local).lkey(),
+                            lkey: self.rings.mr(local).lkey(),
                         };
                         let payload = Sge {
                             addr: local_addr,
@@ -544,11 +546,11 @@ impl SendComm {
                     chunk.copy_from_slice(&size.to_le_bytes());
                 }
                 let offset = slot * SIZES_SLOT_BYTES;
-                self.staging.write(offset, &bytes);
+                self.rings.write(SEND_STAGING_AT + offset, &bytes);
                 let write = RdmaWrite {
                     qp,
-                    local_addr: self.staging.addr(offset),
-                    lkey: self.staging.mr(local).lkey(),
+                    local_addr: self.rings.addr(SEND_STAGING_AT + offset),
+                    lkey: self.rings.mr(local).lkey(),
                     len: SIZES_SLOT_BYTES as u64,
                     remote_addr: self.remote_sizes_addr + offset as u64,
                     rkey: self.remote_sizes_rkeys[remote],
