@@ -19,6 +19,7 @@ mod oob;
 mod profile;
 mod quiet_wait;
 mod recv;
+mod recv_writes;
 mod send;
 mod watch;
 mod wire_io;
