@@ -71,7 +71,7 @@ pub(super) fn bounce_slots(connector: u8, acceptor: u8, eager_bytes: u64, quiet:
 pub(super) const STAGING_BYTES: usize = SIZES_RING_BYTES + SLOTS * eager::HEADER_BYTES;
 /// Where the sender's staging lies in its rings' registration: behind the CTS ring and the
 /// credit's line. One registration for both (the receiver may then write the staging too,
-/// which can only spoil what it is sent itself; see docs/security.md).
+/// which changes only what is sent back to it; see docs/security.md).
 pub(super) const SEND_STAGING_AT: usize = CTS_REGION_BYTES;
 /// Bytes of the sender's rings' registration.
 pub(super) const SEND_RINGS_BYTES: usize = SEND_STAGING_AT + STAGING_BYTES;

@@ -143,9 +143,10 @@ pub(super) struct Failover<R> {
 
 /// A broken lane's old QP on its way out: its markers are posted
 /// ([`QueuePair::post_drain_markers`]); the send queue's completes after every send request,
-/// the receive queue's after every receive (a sender's QP has no receive queue, nor marker). Some providers never flush a receive posted to a
-/// QP in ERR (rxe before Linux 6.4): then the drain ends [`RECEIVE_GRACE`] after the send
-/// queue's marker, by which time the receives that completed before ERR are polled.
+/// the receive queue's after every receive (a sender's QP has no receive queue, nor marker).
+/// Some providers never flush a receive posted to a QP in ERR (rxe before Linux 6.4): then the
+/// drain ends [`RECEIVE_GRACE`] after the send queue's marker, by which time the receives that
+/// completed before ERR are polled.
 #[derive(Copy, Clone, Debug)]
 struct Drain {
     send_done: Option<Instant>,
@@ -775,8 +776,7 @@ impl RecvComm {
         st.answers.lost_in_flight();
         let answers: Vec<(usize, Answer, usize)> = st.proto.answers_on(lane).collect();
         for (ring_slot, _, n) in answers {
-            let write = st.answers.post();
-            st.answers.staged(ring_slot, write);
+            let write = st.answers.post_answer(ring_slot);
             let writes = AnswerWrites {
                 slot: ring_slot,
                 write: write.index,

@@ -73,15 +73,15 @@ impl RecvComm {
         if st.failover.as_deref().is_some_and(|f| !f.is_up(0)) {
             return Ok(());
         }
-        self.rings
-            .write(self.staging_at + CREDIT_STAGING, &credit.to_le_bytes());
+        let staged = self.staging_at + CREDIT_STAGING;
+        self.rings.write(staged, &credit.to_le_bytes());
         let write = st.answers.post();
         let lane = self.qps.lanes[0].read();
         let wr = WorkRequest {
             wr_id: WR_CTS | write.index,
             op: Op::Write,
             local: Sge {
-                addr: self.rings.addr(self.staging_at + CREDIT_STAGING),
+                addr: self.rings.addr(staged),
                 len: 8,
                 lkey: self.rings.mr(lane.member).lkey(),
             },
@@ -140,8 +140,7 @@ impl RecvComm {
             // Written again when the lane is repaired (`RecvSide::answers_on`).
             return Ok(());
         }
-        let write = st.answers.post();
-        st.answers.staged(cts.slot, write);
+        let write = st.answers.post_answer(cts.slot);
         let signaled = write.signaled;
         let lane = self.qps.lanes[cts.qp].read();
         let answers = AnswerWrites {

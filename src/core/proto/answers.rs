@@ -85,11 +85,14 @@ impl AnswerReads {
         RingWrite { index, signaled }
     }
 
-    /// The answer staged in `slot` goes out as `write` (also when a repair writes it again).
-    pub fn staged(&mut self, slot: usize, write: RingWrite) {
+    /// Number the write of the answer staged in `slot` (also when a repair writes it again),
+    /// and record it as that slot's.
+    pub fn post_answer(&mut self, slot: usize) -> RingWrite {
+        let write = self.post();
         if let Some(s) = self.staged.get_mut(slot) {
             *s = write.index + 1;
         }
+        write
     }
 
     /// Signaled write `index` completed: it and every write before it were read.
@@ -138,8 +141,8 @@ mod tests {
         let mut reads = AnswerReads::new(4);
         assert_eq!(reads.restage(3), Restage::Free, "nothing staged yet");
         reads.post(); // 0, signaled
-        let answer = reads.post(); // 1
-        reads.staged(3, answer);
+        let answer = reads.post_answer(3); // 1
+        assert!(!answer.signaled);
         assert_eq!(
             reads.restage(3),
             Restage::Unfenced,
@@ -169,16 +172,18 @@ mod tests {
     fn a_fence_reads_an_unfenced_answer_and_its_own_write_counts_too() {
         let mut reads = AnswerReads::new(8);
         reads.post();
-        let answer = reads.post();
-        reads.staged(0, answer);
+        reads.post_answer(0); // 1
         let fence = reads.post_signaled();
         assert!(fence.signaled);
         assert_eq!(reads.restage(0), Restage::Reading);
         reads.completed(fence.index);
         assert_eq!(reads.restage(0), Restage::Free);
         // A signaled answer is its own proof.
-        let signaled = reads.post_signaled();
-        reads.staged(1, signaled);
+        for _ in 3..8 {
+            reads.post();
+        }
+        let signaled = reads.post_answer(1); // 8
+        assert!(signaled.signaled);
         assert_eq!(reads.restage(1), Restage::Reading);
         reads.completed(signaled.index);
         assert_eq!(reads.restage(1), Restage::Free);
@@ -186,9 +191,8 @@ mod tests {
 
     #[test]
     fn after_a_replaced_qp_only_writes_on_the_new_one_free_a_slot() {
-        let mut reads = AnswerReads::new(2);
-        let answer = reads.post(); // 0, signaled, lost with the old QP
-        reads.staged(5, answer);
+        let mut reads = AnswerReads::new(1);
+        reads.post_answer(5); // 0, signaled, lost with the old QP
         assert_eq!(reads.restage(5), Restage::Reading);
         reads.lost_in_flight();
         assert_eq!(
@@ -197,8 +201,7 @@ mod tests {
             "its completion never comes"
         );
         // The repair writes the answer again.
-        let again = reads.post_signaled();
-        reads.staged(5, again);
+        let again = reads.post_answer(5);
         assert_eq!(reads.restage(5), Restage::Reading);
         reads.completed(again.index);
         assert_eq!(reads.restage(5), Restage::Free);

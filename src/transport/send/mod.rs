@@ -546,10 +546,11 @@ impl SendComm {
                     chunk.copy_from_slice(&size.to_le_bytes());
                 }
                 let offset = slot * SIZES_SLOT_BYTES;
-                self.rings.write(SEND_STAGING_AT + offset, &bytes);
+                let staged = SEND_STAGING_AT + offset;
+                self.rings.write(staged, &bytes);
                 let write = RdmaWrite {
                     qp,
-                    local_addr: self.rings.addr(SEND_STAGING_AT + offset),
+                    local_addr: self.rings.addr(staged),
                     lkey: self.rings.mr(local).lkey(),
                     len: SIZES_SLOT_BYTES as u64,
                     remote_addr: self.remote_sizes_addr + offset as u64,
