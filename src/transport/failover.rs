@@ -22,7 +22,7 @@ use super::send::{SendComm, SendState};
 use super::watch::{PeerLink, Watched};
 use crate::core::config::Traffic;
 use crate::core::error::{Error, Kind, Result};
-use crate::core::proto::{Answer, Layout};
+use crate::core::proto::Layout;
 use crate::core::repair::{
     Action, Cause, FollowRepair, Frame, GaveUp, Health, LaneSet, LeadRepair, MemberSet, Route,
 };
@@ -774,8 +774,8 @@ impl RecvComm {
         }
         // Signaled writes on the old QP never complete.
         st.answers.lost_in_flight();
-        let answers: Vec<(usize, Answer, usize)> = st.proto.answers_on(lane).collect();
-        for (ring_slot, _, n) in answers {
+        let answers: Vec<(usize, usize)> = st.proto.answers_on(lane).collect();
+        for (ring_slot, n) in answers {
             let write = st.answers.post_answer(ring_slot);
             let writes = AnswerWrites {
                 slot: ring_slot,

@@ -70,13 +70,6 @@ pub enum Answer {
 }
 
 impl Answer {
-    /// The message answered.
-    pub fn seq(&self) -> u64 {
-        match *self {
-            Self::Cts { seq, .. } | Self::Ack { seq, .. } => seq,
-        }
-    }
-
     /// How many entries it writes for a receive of `bufs` buffers.
     pub fn entries(&self, bufs: usize) -> usize {
         match self {
@@ -265,10 +258,10 @@ pub struct RecvSide {
     /// Per lane (QP index), the write-with-immediates it completed in all (rendezvous and
     /// eager alike): a repair resumes the lane from there.
     consumed: Vec<u64>,
-    /// Per slot, the latest answer written into the sender's ring, the lane it went on and
-    /// its entries: a repair of that lane writes it again (the newest answer of a slot is the
-    /// only one the sender may still need).
-    answered: [Option<(usize, Answer, usize)>; SLOTS],
+    /// Per slot, the lane the latest answer written into the sender's ring went on and its
+    /// entries: a repair of that lane writes it again from staging (the newest answer of a
+    /// slot is the only one the sender may still need).
+    answered: [Option<(usize, usize)>; SLOTS],
 }
 
 impl RecvSide {
@@ -298,15 +291,14 @@ impl RecvSide {
     }
 
     /// What a repair of lane `qp` writes again: every slot whose latest answer went on that
-    /// lane, with the answer and its number of entries (the glue writes the entries it staged
-    /// for it).
-    pub fn answers_on(&self, qp: usize) -> impl Iterator<Item = (usize, Answer, usize)> + '_ {
+    /// lane, with its number of entries (the glue writes the entries it staged for it).
+    pub fn answers_on(&self, qp: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
         self.answered
             .iter()
             .enumerate()
             .filter_map(move |(slot, a)| {
-                a.filter(|(q, _, _)| *q == qp)
-                    .map(|(_, a, entries)| (slot, a, entries))
+                a.filter(|(q, _)| *q == qp)
+                    .map(|(_, entries)| (slot, entries))
             })
     }
 
@@ -320,7 +312,7 @@ impl RecvSide {
     /// latest, with its lane.
     fn record(&mut self, post: &CtsPost, bufs: usize) {
         if let Some(answer) = post.answer {
-            self.answered[post.slot] = Some((post.qp, answer, answer.entries(bufs)));
+            self.answered[post.slot] = Some((post.qp, answer.entries(bufs)));
         }
     }
 

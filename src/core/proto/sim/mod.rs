@@ -464,7 +464,7 @@ impl Pair {
         let rewrites: Vec<Answering> = self
             .recv
             .answers_on(qp)
-            .map(|(slot, _, _)| Answering::Entries(slot, f.staged[slot].clone()))
+            .map(|(slot, _)| Answering::Entries(slot, f.staged[slot].clone()))
             .collect();
         f.answers[qp].extend(rewrites);
         if self.recv.layout().quiet && qp == 0 && self.recv.credited() > 0 {
