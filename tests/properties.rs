@@ -77,14 +77,14 @@ proptest! {
     }
 
     #[test]
-    fn listen_handles_round_trip(ip in any::<[u8; 16]>(), v4 in any::<bool>(), port in 1u16.., nonce in any::<u64>(), members in 1u8..=8) {
+    fn listen_handles_round_trip(ip in any::<[u8; 16]>(), v4 in any::<bool>(), port in 1u16.., nonce in any::<u64>(), members in 1u8..=8, process in any::<u64>()) {
         let ip = if v4 {
             IpAddr::V4(std::net::Ipv4Addr::new(ip[0] | 1, ip[1], ip[2], ip[3]))
         } else {
             IpAddr::V6(Ipv6Addr::from(ip))
         };
         prop_assume!(!ip.is_unspecified() && !ip.is_multicast());
-        let h = ListenHandle { addr: SocketAddr::new(ip, port), nonce, members };
+        let h = ListenHandle { addr: SocketAddr::new(ip, port), nonce, members, process };
         let mut b = [0u8; ListenHandle::LEN];
         h.emit(&mut b);
         prop_assert_eq!(ListenHandle::parse(&b).unwrap(), h);
@@ -137,6 +137,7 @@ proptest! {
             failover: !split,
             failover_quiet: accept,
             bounce_slots: 1 << (seed % 6),
+            shares_links: seed % 3 == 0,
         };
         prop_assert_eq!(Hello::parse(&h.emit()).unwrap(), h);
     }

@@ -445,7 +445,8 @@ fn this_plugin_interleaved_with_its_copy_moves_verified_data() {
 
 /// A thousand comm pairs between two processes, connected in NCCL's rounds of 128 and idle
 /// together (`--comms`): every comm moves verified data; each pair holds its two QPs, two CQs,
-/// two ring registrations (one per comm) and one descriptor per process and pins exactly what
+/// two ring registrations (one per comm) and no descriptor of its own (the two processes share
+/// one out-of-band link) and pins exactly what
 /// the doctor's memlock estimate counts (`connection_memory`, the same sizes); idle, the
 /// processes barely wake; after the close fds, verbs objects and pinned memory are back at
 /// their counts.
@@ -486,10 +487,10 @@ fn a_thousand_comms_move_verified_data_cost_what_the_estimate_says_and_give_it_a
     for (kind, per_pair) in [("qp", 2.0), ("cq", 2.0), ("mr", 2.0)] {
         assert_eq!(figure(&["verbs_per_pair", kind]), per_pair, "{kind}: {run}");
     }
-    assert_eq!(
-        figure(&["fds_per_pair"]),
-        2.0,
-        "one TCP connection per comm: {run}"
+    // One shared link at each end (NCCL's transport: a socket per comm).
+    assert!(
+        figure(&["fds_per_pair"]) * 1000.0 <= 2.0 + 1e-9,
+        "descriptors grow with peer processes, not comms: {run}"
     );
     let estimate = connection_memory(&Config::default(), 1, QueueMemory::Kernel).pinned();
     let pinned = figure(&["pinned_kib_per_pair"]) * 1024.0;

@@ -11,6 +11,7 @@ pub mod config;
 pub mod eager;
 pub mod error;
 pub mod group;
+pub mod links;
 pub mod proto;
 pub mod queues;
 pub mod repair;

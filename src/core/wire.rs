@@ -32,13 +32,13 @@ fn bad(what: &str) -> Error {
     Error::misuse(format!("malformed {what}"))
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
+pub(super) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
-fn u32_at(b: &[u8], at: usize) -> u32 {
+pub(super) fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
-fn u64_at(b: &[u8], at: usize) -> u64 {
+pub(super) fn u64_at(b: &[u8], at: usize) -> u64 {
     let mut x = [0u8; 8];
     x.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(x)
@@ -55,11 +55,23 @@ pub struct ListenHandle {
     /// Ports of the listening (fused) device: the connecting side creates QPs for the larger
     /// of its own and this count.
     pub members: u8,
+    /// The listener's process, announced when it shares out-of-band links (0: it does not,
+    /// or it predates them; see `super::links`).
+    pub process: u64,
+}
+
+/// Ties a handle's process to its nonce, so that a damaged or forged process field is refused
+/// rather than read as another process.
+fn process_check(process: u64, nonce: u64) -> u32 {
+    let x = (process ^ nonce).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (x >> 32) as u32 ^ x as u32
 }
 
 impl ListenHandle {
-    /// Encoded size; well under `NCCL_NET_HANDLE_MAXSIZE` (128).
-    pub const LEN: usize = 36;
+    /// Encoded size; well under `NCCL_NET_HANDLE_MAXSIZE` (128). Builds before 0.3.13 wrote
+    /// 36 bytes and zeroed the rest of NCCL's buffer: they read as announcing no process, and
+    /// they read ours as before (they never look past byte 36).
+    pub const LEN: usize = 48;
 
     /// Encode into the first `LEN` bytes of `out`.
     pub fn emit(&self, out: &mut [u8; Self::LEN]) {
@@ -75,6 +87,12 @@ impl ListenHandle {
         out[24..32].copy_from_slice(&self.nonce.to_le_bytes());
         out[32] = self.members;
         out[33..36].fill(0);
+        if self.process == 0 {
+            out[36..48].fill(0);
+        } else {
+            out[36..44].copy_from_slice(&self.process.to_le_bytes());
+            out[44..48].copy_from_slice(&process_check(self.process, self.nonce).to_le_bytes());
+        }
     }
 
     /// Decode; checks every field (magic, version, family, address, port, member count,
@@ -118,10 +136,17 @@ impl ListenHandle {
         if port == 0 || ip.is_unspecified() || ip.is_multicast() {
             return Err(bad("listen handle address"));
         }
+        let nonce = u64_at(b, 24);
+        let process = u64_at(b, 36);
+        let announced = process != 0 && u32_at(b, 44) == process_check(process, nonce);
+        if !announced && b[36..48] != [0; 12] {
+            return Err(bad("listen handle (process field)"));
+        }
         Ok(Self {
             addr: SocketAddr::new(ip, port),
-            nonce: u64_at(b, 24),
+            nonce,
             members,
+            process,
         })
     }
 }
@@ -257,6 +282,11 @@ pub struct Hello {
     /// `BOUNCE_SLOTS_AT`, a byte older builds leave zero (their ring has a slot per message
     /// slot) and ignore.
     pub bounce_slots: u8,
+    /// Capability: this side shares out-of-band links (0.3.13 on; bit 1 of `QUIET_AT`, which
+    /// older builds leave zero and ignore). From a connector, a [`super::links::Proposal`]
+    /// follows its hello; from an acceptor (only in answer to a connector that set it), a
+    /// [`super::links::Answer`] follows.
+    pub shares_links: bool,
 }
 
 /// Where the quiet-receives capability lies: byte 6 of the first member record (unused there).
@@ -302,7 +332,7 @@ impl Hello {
             let at = HELLO_MEMBERS_AT + i * Endpoint::LEN;
             m.emit(&mut out[at..at + Endpoint::LEN]);
         }
-        out[QUIET_AT] = u8::from(self.quiet);
+        out[QUIET_AT] = u8::from(self.quiet) | u8::from(self.shares_links) << 1;
         out[FAILOVER_AT] = u8::from(self.failover) | u8::from(self.failover_quiet) << 1;
         out[BOUNCE_SLOTS_AT] = self.bounce_slots;
         out
@@ -377,6 +407,7 @@ impl Hello {
             eager_bytes,
             revision,
             quiet: b[QUIET_AT] & 1 != 0,
+            shares_links: b[QUIET_AT] & 2 != 0,
             failover: b[FAILOVER_AT] & 1 != 0,
             failover_quiet: b[FAILOVER_AT] & 2 != 0,
             bounce_slots,
@@ -513,10 +544,36 @@ mod tests {
                 addr: addr.parse().unwrap(),
                 nonce: 0xdead_beef_0bad_cafe,
                 members: 2,
+                process: 0x0123_4567_89ab_cdef,
             };
             let mut b = [0u8; ListenHandle::LEN];
             h.emit(&mut b);
             assert_eq!(ListenHandle::parse(&b).unwrap(), h);
+        }
+    }
+
+    /// A handle of a build before shared links (36 bytes, NCCL's buffer zeroed past them)
+    /// announces no process; a damaged process field is refused, never read as another
+    /// process.
+    #[test]
+    fn the_process_field_is_absent_from_old_handles_and_checked_in_new_ones() {
+        let h = ListenHandle {
+            addr: "10.0.0.1:5000".parse().unwrap(),
+            nonce: 77,
+            members: 1,
+            process: 0x5151,
+        };
+        let mut b = [0u8; ListenHandle::LEN];
+        h.emit(&mut b);
+        let mut old = [0u8; 128];
+        old[..36].copy_from_slice(&b[..36]);
+        assert_eq!(ListenHandle::parse(&old).unwrap().process, 0);
+        for byte in 36..ListenHandle::LEN {
+            for bit in 0..8 {
+                let mut flipped = b;
+                flipped[byte] ^= 1 << bit;
+                assert!(ListenHandle::parse(&flipped).is_err(), "byte {byte} bit {bit}");
+            }
         }
     }
 
@@ -529,6 +586,7 @@ mod tests {
             addr: "127.0.0.1:1".parse().unwrap(),
             nonce: 1,
             members: 1,
+            process: 0,
         }
         .emit(&mut b);
         b[4] = 99;
@@ -567,6 +625,7 @@ mod tests {
             failover: true,
             failover_quiet: true,
             bounce_slots: 8,
+            shares_links: true,
         }
     }
 
@@ -604,10 +663,23 @@ mod tests {
     #[test]
     fn a_hello_without_the_quiet_capability_is_an_older_peer_with_eager_messages_only() {
         let mut h = hello(Role::Connect, 0x100);
+        h.shares_links = false;
         let mut b = h.emit();
         assert_eq!(b[QUIET_AT], 1);
         b[QUIET_AT] = 0;
         h.quiet = false;
+        assert_eq!(Hello::parse(&b).unwrap(), h);
+    }
+
+    /// A build before shared links leaves bit 1 of the quiet byte zero (and ignores ours): its
+    /// hello parses as one that sends no proposal or answer, everything else the same.
+    #[test]
+    fn a_hello_without_the_link_capability_is_an_older_peer() {
+        let mut h = hello(Role::Connect, 0x100);
+        let mut b = h.emit();
+        assert_eq!(b[QUIET_AT], 3);
+        b[QUIET_AT] = 1;
+        h.shares_links = false;
         assert_eq!(Hello::parse(&b).unwrap(), h);
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::held::PostQueue;
-use super::watch::Watched;
+use super::peer_link::Watched;
 use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
 use crate::core::eager;
@@ -587,6 +587,8 @@ pub(super) fn local_hello(
         failover: ctx.config.port_failover,
         failover_quiet: ctx.config.port_failover,
         bounce_slots: ctx.config.eager_slots,
+        // Set by the connect and accept that exchange a link proposal.
+        shares_links: false,
     }
 }
 
@@ -890,6 +892,7 @@ mod tests {
             failover,
             failover_quiet,
             bounce_slots: 8,
+            shares_links: false,
         }
     }
 

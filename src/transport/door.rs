@@ -21,8 +21,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::peer_link::accept_link;
 use super::wire_io::{HandshakeStream, socket_error};
 use crate::core::error::{Error, Result};
+use crate::core::links::LinkHello;
 use crate::core::wire::Hello;
 use crate::verbs::{Epoll, set_listen_backlog};
 
@@ -203,6 +205,22 @@ impl Door {
         let Some(stream) = hall.unproven.get_mut(&key) else {
             return;
         };
+        let link = match stream.peek(4) {
+            Ok(None) => return,
+            Ok(Some(first)) => LinkHello::begins(first),
+            Err(e) => {
+                let stream = self.leave(hall, key);
+                self.dropped(&format!("peer {} {e}", stream.peer));
+                return;
+            }
+        };
+        if link {
+            self.read_link_hello(hall, key);
+            return;
+        }
+        let Some(stream) = hall.unproven.get_mut(&key) else {
+            return;
+        };
         let outcome = stream.receive(Hello::LEN).and_then(|bytes| {
             bytes
                 .map(|b| Hello::parse(&b).and_then(|h| h.check_connector().map(|()| h)))
@@ -225,6 +243,33 @@ impl Door {
                  device holds its nonce)",
                 stream.peer
             )),
+        }
+    }
+
+    /// Read the hello of a link dialed to this door (see `core::links`): one that holds the
+    /// handle of an open listen comm of the door's is listed and acknowledged.
+    fn read_link_hello(&self, hall: &mut Hall, key: u64) {
+        let Some(stream) = hall.unproven.get_mut(&key) else {
+            return;
+        };
+        let hello = match stream.receive(LinkHello::LEN) {
+            Ok(None) => return,
+            Ok(Some(bytes)) => LinkHello::parse(&bytes),
+            Err(e) => Err(e),
+        };
+        let stream = self.leave(hall, key);
+        let peer = stream.peer;
+        match hello {
+            Ok(hello) if hall.proven.contains_key(&hello.listen_nonce) => {
+                if let Err(e) = accept_link(stream, hello) {
+                    self.dropped(&format!("peer {peer}'s link: {e}"));
+                }
+            }
+            Ok(_) => self.dropped(&format!(
+                "peer {peer} dialed a link with a handle for another listener (no open listen \
+                 comm of this device holds its nonce)"
+            )),
+            Err(e) => self.dropped(&format!("peer {peer} {e}")),
         }
     }
 
@@ -317,6 +362,7 @@ mod tests {
             failover: false,
             failover_quiet: false,
             bounce_slots: 0,
+            shares_links: false,
         }
         .emit()
     }

@@ -19,7 +19,7 @@ use super::health::health_changes;
 use super::recv::{RecvComm, RecvState};
 use super::recv_writes::AnswerWrites;
 use super::send::{SendComm, SendState};
-use super::watch::{PeerLink, Watched};
+use super::peer_link::{PeerLink, Watched};
 use crate::core::config::Traffic;
 use crate::core::error::{Error, Kind, Result};
 use crate::core::proto::Layout;

@@ -19,10 +19,11 @@ use super::DeviceContext;
 use super::conn::random_u64;
 use super::door::{Door, Proven};
 use super::recv::RecvComm;
+use super::peer_link::{Claim, Watched, claim_accepted, process_id};
 use super::watch::Tended;
-use super::watch::Watched;
 use super::wire_io::HandshakeStream;
 use crate::core::error::{Error, Kind, Result};
+use crate::core::links::{Answer, Proposal};
 use crate::core::wire::ListenHandle;
 
 /// One connector the door handed to this listen comm.
@@ -34,6 +35,8 @@ enum Incoming {
     Ready {
         stream: HandshakeStream,
         comm: Box<RecvComm>,
+        /// Its channel on the link the connector proposed, when it joined.
+        claim: Option<Claim>,
     },
 }
 
@@ -72,6 +75,11 @@ impl ListenComm {
             addr: door.addr(),
             nonce: random_u64(),
             members: u8::try_from(ctx.ports.len()).unwrap_or(1),
+            process: if ctx.config.share_links {
+                process_id()
+            } else {
+                0
+            },
         };
         door.expect(handle.nonce);
         Ok(Self {
@@ -148,20 +156,61 @@ impl ListenComm {
                 mut stream,
                 hello: remote,
             }) => {
+                // A connector that shares links sent its proposal right behind its hello.
+                let proposal = if remote.shares_links {
+                    match stream.receive(Proposal::LEN) {
+                        Ok(Some(bytes)) => match Proposal::parse(&bytes) {
+                            Ok(p) => Some(p),
+                            Err(e) => {
+                                return Step::Failed(Error::new(
+                                    e.kind(),
+                                    format!("peer {} {e}", stream.peer),
+                                ));
+                            }
+                        },
+                        Ok(None) => {
+                            return Step::Waiting(Incoming::Proven(Proven {
+                                stream,
+                                hello: remote,
+                            }));
+                        }
+                        Err(e) => return Step::Failed(e),
+                    }
+                } else {
+                    None
+                };
+                let sharing = proposal.filter(|_| self.ctx.config.share_links);
                 // From here on a failure is this accept's error.
                 match RecvComm::build(&self.ctx, &remote, stream.peer) {
-                    Ok((comm, hello)) => {
+                    Ok((comm, mut hello)) => {
+                        let claim = sharing.and_then(|p| {
+                            claim_accepted(&p, stream.peer.ip(), remote.connect_nonce)
+                        });
+                        hello.shares_links = sharing.is_some();
                         stream.queue(&hello.emit());
+                        if hello.shares_links {
+                            stream.queue(
+                                &Answer {
+                                    joined: claim.is_some(),
+                                }
+                                .emit(),
+                            );
+                        }
                         stream.deadline = deadline;
                         Step::Waiting(Incoming::Ready {
                             stream,
                             comm: Box::new(comm),
+                            claim,
                         })
                     }
                     Err(e) => Step::Failed(e),
                 }
             }
-            Incoming::Ready { mut stream, comm } => {
+            Incoming::Ready {
+                mut stream,
+                comm,
+                claim,
+            } => {
                 if stream.expired() {
                     return Step::Failed(stream.late("send its ready byte"));
                 }
@@ -171,7 +220,12 @@ impl ListenComm {
                         let mut comm = comm;
                         let peer = stream.peer;
                         let framed = comm.state.get_mut().failover.is_some();
-                        match Watched::new(stream.into_stream(), peer, framed) {
+                        let link = match claim {
+                            // The handshake connection closes here: the comm is on the link.
+                            Some(claim) => Ok(Watched::joined(claim)),
+                            None => Watched::own(stream.into_stream(), peer, framed),
+                        };
+                        match link {
                             Ok(link) => {
                                 comm.link = Some(link);
                                 Step::Accepted(comm)
@@ -179,7 +233,11 @@ impl ListenComm {
                             Err(e) => Step::Failed(e),
                         }
                     }
-                    Ok(None) => Step::Waiting(Incoming::Ready { stream, comm }),
+                    Ok(None) => Step::Waiting(Incoming::Ready {
+                        stream,
+                        comm,
+                        claim,
+                    }),
                     Err(e) => Step::Failed(e),
                 }
             }

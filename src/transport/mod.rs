@@ -16,6 +16,7 @@ mod held;
 mod listen;
 mod mr;
 mod oob;
+mod peer_link;
 mod profile;
 mod quiet_wait;
 mod recv;

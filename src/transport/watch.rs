@@ -1,11 +1,10 @@
 //! The watcher: one thread per process that learns, without the data path paying for it, when a
 //! comm's peer is gone and when a device reports an asynchronous event.
 //!
-//! - **Peers.** After the handshake each comm keeps its out-of-band TCP connection open. On an
-//!   orderly `closeSend`/`closeRecv` the closing side writes one goodbye byte before closing it;
-//!   a peer process that exits or is killed closes it without one (the kernel closes its
-//!   sockets). The watcher sees either within milliseconds and records it in the link's state,
-//!   which `isend`/`irecv`/`test` read with one atomic load.
+//! - **Peers.** After the handshake each comm keeps an out-of-band TCP connection (a link
+//!   shared with the other comms between the same two processes, or one of its own; see
+//!   `peer_link`): the watcher reads what arrives on it (goodbyes, failover frames, its end)
+//!   and hands it to the comm it concerns.
 //! - **Devices.** Each opened device's async-event fd is watched (`health`).
 //!
 //! - **Held posts.** While any comm may hold posts for a batch (`NCCL_NET_RS_BATCH=1`), it
@@ -30,13 +29,11 @@
 //! `-z nodelete` the library is never unmapped under it.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::ops::Deref;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use once_cell::sync::OnceCell;
@@ -44,339 +41,13 @@ use parking_lot::Mutex;
 
 use super::health::DeviceHealth;
 use super::held;
-use crate::core::error::{Error, Kind, Result};
-use crate::core::repair::{Frame, GOODBYE, MAX_FRAME_LEN};
+use super::peer_link::{Connection, Watched};
+use crate::core::error::{Error, Result};
 use crate::plugin::PLUGIN_NAME;
-use crate::verbs::{Epoll, EventFd, peer_hung_up};
+use crate::verbs::{Epoll, EventFd};
 
-/// How long after a peer's orderly close its pending requests still may complete.
-const CLOSE_GRACE: Duration = Duration::from_millis(500);
-
-const ALIVE: u8 = 0;
-const CLOSED: u8 = 1;
-const DIED: u8 = 2;
-
-/// What became of the peer at the other end of a comm.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(super) enum PeerState {
-    /// Still there.
-    Alive,
-    /// Closed its comm in order (`closeSend`/`closeRecv`).
-    Closed,
-    /// Its process exited or was killed (the connection closed without a goodbye).
-    Died,
-}
-
-/// The out-of-band connection of one comm, as the watcher sees it.
-#[derive(Debug)]
-pub(super) struct PeerLink {
-    /// The connection; taken (closed) by the comm's `Watched` when the comm closes, under the
-    /// lock, so the socket is closed when `closeSend`/`closeRecv` returns even while the
-    /// watcher thread still holds this link, and the watcher never reads a closed fd.
-    stream: Mutex<Option<TcpStream>>,
-    /// Its fd, for the epoll set (removed before the socket is closed).
-    fd: RawFd,
-    peer: SocketAddr,
-    state: AtomicU8,
-    /// When the goodbye arrived.
-    closed_at: OnceLock<Instant>,
-    /// The connection carries failover frames (both sides agreed on failover).
-    framed: bool,
-    /// Frames that arrived, for the comm's next progress, and the bytes of one not complete.
-    inbox: Mutex<Inbox>,
-    /// The inbox holds frames (read without its lock on every progress).
-    has_frames: AtomicBool,
-    /// The comm has a repair under way: the watcher keeps ticking it even while its client is
-    /// in a call (a healthy comm busy in one needs no tick: that call makes its progress).
-    repairing: AtomicBool,
-    /// The tended comm this link is for ([`NOT_TENDED`] when none): what arrives on it makes
-    /// that comm due.
-    tended_as: AtomicU64,
-}
-
-/// [`PeerLink::tended_as`] of a comm the watcher does not tend (keys start at 1).
-const NOT_TENDED: u64 = 0;
-
-#[derive(Debug, Default)]
-struct Inbox {
-    frames: Vec<Frame>,
-    partial: Vec<u8>,
-}
-
-impl PeerLink {
-    /// What the watcher last saw of the peer.
-    pub(super) fn state(&self) -> PeerState {
-        match self.state.load(Ordering::Acquire) {
-            ALIVE => PeerState::Alive,
-            CLOSED => PeerState::Closed,
-            _ => PeerState::Died,
-        }
-    }
-
-    /// Whether the peer has closed its end of the connection, seen from the socket itself
-    /// rather than from the watcher (which may be thousands of closes behind when a whole job
-    /// tears down at once).
-    pub(super) fn hung_up(&self) -> bool {
-        self.stream.lock().as_ref().is_none_or(peer_hung_up)
-    }
-
-    /// `Err` once the peer is gone: `what` names what the peer closed (its send or receive comm)
-    /// for an orderly close. An orderly close fails pending requests only [`CLOSE_GRACE`] after
-    /// the goodbye: completions the peer's last transfers owe us (an acknowledgement on the
-    /// wire) may still be on their way.
-    #[inline]
-    pub(super) fn check(&self, what: &str) -> Result<()> {
-        if self.state() == PeerState::Alive {
-            return Ok(());
-        }
-        self.check_gone(what)
-    }
-
-    /// [`Self::check`] once the peer is no longer alive: out of line, as every poll that finds
-    /// nothing asks.
-    #[cold]
-    fn check_gone(&self, what: &str) -> Result<()> {
-        match self.state() {
-            PeerState::Alive => Ok(()),
-            PeerState::Closed
-                if self
-                    .closed_at
-                    .get()
-                    .is_none_or(|at| at.elapsed() < CLOSE_GRACE) =>
-            {
-                Ok(())
-            }
-            PeerState::Closed => Err(Error::new(
-                Kind::Remote,
-                format!(
-                    "peer {} closed its {what} while this request was pending",
-                    self.peer
-                ),
-            )),
-            PeerState::Died => Err(Error::new(
-                Kind::Remote,
-                format!(
-                    "peer {} closed its connection (process exited or was killed)",
-                    self.peer
-                ),
-            )),
-        }
-    }
-
-    /// Whether the comm said it has a repair under way ([`Self::set_repairing`]).
-    pub(super) fn repairing(&self) -> bool {
-        self.repairing.load(Ordering::Acquire)
-    }
-
-    /// The comm has a repair under way (`true`) or is healthy again. When one starts, the
-    /// watcher is woken to tick the comm: a client that stops calling right after must not
-    /// leave the repair waiting for the watcher's idle timeout.
-    pub(super) fn set_repairing(&self, on: bool) {
-        if self.repairing.swap(on, Ordering::AcqRel) != on
-            && on
-            && let Some(watcher) = WATCHER.get()
-        {
-            watcher.make_due(&[self.tended_as.load(Ordering::Acquire)]);
-        }
-    }
-
-    /// Read what arrived; `false` once the connection is closed (nothing more to watch).
-    fn on_readable(&self) -> bool {
-        self.read_from(&self.stream.lock())
-    }
-
-    /// Read what arrived without waiting for the watcher thread, which may not get a CPU for
-    /// a while from clients that poll: a comm in the middle of a repair calls this now and
-    /// then. Nothing when the watcher is reading it at the moment.
-    pub(super) fn pull(&self) {
-        if let Some(stream) = self.stream.try_lock() {
-            self.read_from(&stream);
-        }
-    }
-
-    fn read_from(&self, stream: &Option<TcpStream>) -> bool {
-        let Some(mut stream) = stream.as_ref() else {
-            // The comm closed it: nothing more to watch.
-            return false;
-        };
-        let mut buf = [0u8; 64];
-        loop {
-            match stream.read(&mut buf) {
-                // The end of the stream: after a goodbye it is an orderly close, else the process
-                // is gone; a reset or other error is the same.
-                Ok(0) => return self.ended(),
-                Ok(n) if self.framed => {
-                    if !self.take_frames_from(&buf[..n]) {
-                        return self.ended();
-                    }
-                }
-                Ok(n) => {
-                    if buf[..n].contains(&GOODBYE) {
-                        self.said_goodbye();
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => return self.ended(),
-            }
-        }
-    }
-
-    fn said_goodbye(&self) {
-        let _ = self.closed_at.set(Instant::now());
-        self.state.store(CLOSED, Ordering::Release);
-    }
-
-    /// Add `bytes` to what arrived and take the frames they complete (or the goodbye);
-    /// `false` when the peer sent something that is not a frame (its connection is useless).
-    fn take_frames_from(&self, bytes: &[u8]) -> bool {
-        let mut inbox = self.inbox.lock();
-        inbox.partial.extend_from_slice(bytes);
-        let mut at = 0;
-        let ok = loop {
-            let rest = &inbox.partial[at..];
-            if rest.first() == Some(&GOODBYE) {
-                self.said_goodbye();
-                at = inbox.partial.len();
-                break true;
-            }
-            match Frame::parse(rest) {
-                Ok(Some((frame, used))) => {
-                    inbox.frames.push(frame);
-                    at += used;
-                }
-                Ok(None) => break true,
-                Err(e) => {
-                    tracing::warn!("NET/{PLUGIN_NAME}: peer {}: {e}", self.peer);
-                    break false;
-                }
-            }
-        };
-        inbox.partial.drain(..at);
-        if !inbox.frames.is_empty() {
-            self.has_frames.store(true, Ordering::Release);
-        }
-        ok
-    }
-
-    /// Where the tended comm this link is for keeps its key (see [`Tend::link_key`]).
-    pub(super) fn tended_as(&self) -> &AtomicU64 {
-        &self.tended_as
-    }
-
-    /// Whether frames arrived that [`Self::frames`] has not taken yet.
-    pub(super) fn has_frames(&self) -> bool {
-        self.has_frames.load(Ordering::Acquire)
-    }
-
-    /// The frames that arrived since the last call (a comm that agreed on failover).
-    pub(super) fn frames(&self) -> Vec<Frame> {
-        if !self.has_frames.load(Ordering::Acquire) {
-            return Vec::new();
-        }
-        let mut inbox = self.inbox.lock();
-        self.has_frames.store(false, Ordering::Release);
-        std::mem::take(&mut inbox.frames)
-    }
-
-    /// Send `frame` to the peer.
-    ///
-    /// # Errors
-    /// `Remote` when the connection is gone.
-    pub(super) fn send(&self, frame: &Frame) -> Result<()> {
-        let mut out = [0u8; MAX_FRAME_LEN];
-        let len = frame.emit(&mut out);
-        let stream = self.stream.lock();
-        let mut stream = stream.as_ref().ok_or_else(|| {
-            Error::new(Kind::Remote, format!("connection to {} closed", self.peer))
-        })?;
-        let mut sent = 0;
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while sent < len {
-            match stream.write(&out[sent..len]) {
-                Ok(n) => sent += n,
-                // A few bytes into a socket whose buffer is full: the peer reads it within a
-                // moment unless it is stuck, which the deadline reports.
-                Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
-                    std::thread::yield_now();
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(Error::new(
-                        Kind::Remote,
-                        format!("sending a failover message to {}: {e}", self.peer),
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The connection is over: the peer died unless it said goodbye first. Always `false`.
-    fn ended(&self) -> bool {
-        let _ = self
-            .state
-            .compare_exchange(ALIVE, DIED, Ordering::AcqRel, Ordering::Acquire);
-        false
-    }
-}
-
-/// A comm's hold on its link: watched while it exists; dropping it (closing the comm) says
-/// goodbye to the peer and stops watching.
-#[derive(Debug)]
-pub(super) struct Watched {
-    link: Arc<PeerLink>,
-    key: u64,
-}
-
-impl Watched {
-    /// Watch the connection `stream` to `peer` (the handshake is over: from now on only a
-    /// goodbye or the end of the stream arrive on it).
-    ///
-    /// # Errors
-    /// `System` when the watcher cannot be started or the socket not registered.
-    /// With `framed`, it also carries failover frames ([`PeerLink::frames`], [`PeerLink::send`]).
-    pub(super) fn new(stream: TcpStream, peer: SocketAddr, framed: bool) -> Result<Self> {
-        stream
-            .set_nonblocking(true)
-            .map_err(|e| Error::system(format!("watching the connection to {peer}"), e))?;
-        let link = Arc::new(PeerLink {
-            fd: stream.as_raw_fd(),
-            stream: Mutex::new(Some(stream)),
-            peer,
-            state: AtomicU8::new(ALIVE),
-            closed_at: OnceLock::new(),
-            framed,
-            inbox: Mutex::new(Inbox::default()),
-            has_frames: AtomicBool::new(false),
-            repairing: AtomicBool::new(false),
-            tended_as: AtomicU64::new(NOT_TENDED),
-        });
-        let key = Watcher::get()?.register(link.fd, Target::Link(Arc::clone(&link)))?;
-        Ok(Self { link, key })
-    }
-
-    /// The link.
-    pub(super) fn link(&self) -> &PeerLink {
-        &self.link
-    }
-}
-
-impl Drop for Watched {
-    fn drop(&mut self) {
-        if self.link.state() == PeerState::Alive
-            && let Some(mut stream) = self.link.stream.lock().as_ref()
-        {
-            // Best effort: a full socket buffer or a dead peer just means no goodbye.
-            let _ = stream.write(&[GOODBYE]);
-        }
-        if let Some(w) = WATCHER.get() {
-            w.unregister(self.key);
-        }
-        // Close the socket now, not when the watcher lets go of its clone of the link.
-        drop(self.link.stream.lock().take());
-    }
-}
+/// `PeerLink::tended_as` of a comm the watcher does not tend (keys start at 1).
+pub(super) const NOT_TENDED: u64 = 0;
 
 /// A comm that may owe its peer progress while its client makes no call.
 pub trait Tend: Send + Sync + 'static {
@@ -384,7 +55,7 @@ pub trait Tend: Send + Sync + 'static {
     fn wants_tending(&self) -> bool;
     /// The devices of its lanes (its members): their port events and failed QPs make it due.
     fn devices(&self) -> Vec<Arc<DeviceHealth>>;
-    /// Where its out-of-band link keeps the comm's key ([`PeerLink::tended_as`]): what arrives
+    /// Where its out-of-band link keeps the comm's key ([`super::peer_link::PeerLink::tended_as`]): what arrives
     /// on the link (frames, the end) makes the comm due.
     fn link_key(&self) -> Option<&AtomicU64>;
     /// Make the progress that is due; called by the watcher thread at every tick, `now` read
@@ -556,14 +227,14 @@ impl<C: Tend> Deref for Tended<C> {
 
 #[derive(Clone, Debug)]
 pub(super) enum Target {
-    Link(Arc<PeerLink>),
+    Link(Arc<Connection>),
     Device(Arc<DeviceHealth>),
 }
 
 impl Target {
     fn fd(&self) -> RawFd {
         match self {
-            Self::Link(l) => l.fd,
+            Self::Link(l) => l.fd(),
             Self::Device(d) => d.fd,
         }
     }
@@ -739,11 +410,11 @@ impl Watcher {
                 continue;
             };
             match &target {
-                Target::Link(link) => {
-                    if !link.on_readable() {
+                // It makes the comms due that what arrived concerns.
+                Target::Link(conn) => {
+                    if !conn.on_readable() {
                         self.unregister(key);
                     }
-                    self.make_due(&[link.tended_as.load(Ordering::Acquire)]);
                 }
                 Target::Device(health) => {
                     if health.on_readable() {

@@ -22,8 +22,9 @@ fn remote(what: String) -> Error {
 
 /// `System` error for socket call `what` that failed with `e`. When `e` is the process's
 /// open-file limit (EMFILE) or the system's (ENFILE), the message names the limit, what holds
-/// descriptors, and how to raise it: every comm keeps one TCP connection to its peer for its
-/// lifetime, and a device with listen comms open one listening socket.
+/// descriptors, and how to raise it: a process keeps one TCP connection per peer process (or per
+/// comm, with a peer that does not share links), a connection per connect or accept in
+/// progress, and a device with listen comms open one listening socket.
 pub(super) fn socket_error(what: impl Into<String>, e: std::io::Error) -> Error {
     let what = what.into();
     match e.raw_os_error() {
@@ -36,8 +37,10 @@ pub(super) fn socket_error(what: impl Into<String>, e: std::io::Error) -> Error 
             Error::system(
                 format!(
                     "{what}: the process reached its open-file limit (RLIMIT_NOFILE {limit}): \
-                     every comm keeps one TCP connection to its peer and a device with listen \
-                     comms open one listening socket; NCCL raises the soft limit to the hard \
+                     a process keeps one TCP connection per peer process (per comm where a peer \
+                     does not share links, NCCL_NET_RS_SHARE_LINKS), one per connect or accept \
+                     in progress, and a device with listen comms open one listening socket; \
+                     NCCL raises the soft limit to the hard \
                      one when it starts, so raise the hard limit where the job starts (ulimit \
                      -Hn, systemd LimitNOFILE=, docker --ulimit nofile=N:N)"
                 ),
@@ -143,6 +146,23 @@ impl HandshakeStream {
 
     /// Exactly `len` bytes once they have all arrived; `None` until then.
     pub(super) fn receive(&mut self, len: usize) -> Result<Option<Vec<u8>>> {
+        if !self.fill(len)? {
+            return Ok(None);
+        }
+        Ok(Some(self.inbox.drain(..len).collect()))
+    }
+
+    /// The first `len` bytes that arrived, left for [`Self::receive`]; `Ok(None)` until they
+    /// are all there.
+    ///
+    /// # Errors
+    /// As [`Self::receive`].
+    pub(super) fn peek(&mut self, len: usize) -> Result<Option<&[u8]>> {
+        Ok(self.fill(len)?.then(|| &self.inbox[..len]))
+    }
+
+    /// Read until `len` bytes are buffered: whether they are.
+    fn fill(&mut self, len: usize) -> Result<bool> {
         let mut buf = [0u8; 512];
         while self.inbox.len() < len {
             let want = (len - self.inbox.len()).min(buf.len());
@@ -154,12 +174,12 @@ impl HandshakeStream {
                     )));
                 }
                 Ok(n) => self.inbox.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(self.io_failure("receiving the handshake from", &e)),
             }
         }
-        Ok(Some(self.inbox.drain(..len).collect()))
+        Ok(true)
     }
 }
 

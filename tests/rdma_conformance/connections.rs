@@ -378,11 +378,19 @@ fn two_connects_pending_on_one_listen_comm(cx: &mut Cx) {
         cx.net.close_listen(cx.lc);
         let mut bufs = [vec![0u8; 8192], vec![0u8; 8192]];
         let mut got = Vec::new();
-        for (rc, buf) in rcs.iter().zip(bufs.iter_mut()) {
-            let mh = cx.net.reg_mr(*rc, buf);
-            let size = cx
-                .net
-                .wait(cx.net.irecv(*rc, &[(buf.as_mut_ptr(), 8192, 0, mh)]))[0];
+        // Both receives are posted before either is awaited: which accept got which connect is
+        // not known (the connects' hellos may arrive in either order), and the sender sends in
+        // its own order.
+        let posted: Vec<_> = rcs
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(rc, buf)| {
+                let mh = cx.net.reg_mr(*rc, buf);
+                (mh, cx.net.irecv(*rc, &[(buf.as_mut_ptr(), 8192, 0, mh)]))
+            })
+            .collect();
+        for (buf, (_, req)) in bufs.iter().zip(&posted) {
+            let size = cx.net.wait(*req)[0];
             let msg = msgs
                 .iter()
                 .find(|m| m.1 as i32 == size)
@@ -393,7 +401,9 @@ fn two_connects_pending_on_one_listen_comm(cx: &mut Cx) {
                 msg.0
             );
             got.push(msg.0);
-            cx.net.dereg_mr(*rc, mh);
+        }
+        for (rc, (mh, _)) in rcs.iter().zip(&posted) {
+            cx.net.dereg_mr(*rc, *mh);
             cx.net.close_recv(*rc);
         }
         got.sort_unstable();
@@ -444,6 +454,9 @@ fn failed_accept_leaves_the_listen_comm_usable(cx: &mut Cx) {
         let peer = cx.peer();
         let status = Command::new(std::env::current_exe().unwrap())
             .args(["--half-connect", &hex(&peer), "--dev", &cx.dev.to_string()])
+            // Its first connect call sends the hello only on a connection of its own (with a
+            // shared link the first call opens the link).
+            .env("NCCL_NET_RS_SHARE_LINKS", "0")
             .status()
             .unwrap();
         assert!(
@@ -463,12 +476,25 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// Descriptors `LISTENS` comms between two processes hold at each end: one shared link, or,
+/// where either side does not share links (`RSIB_EXPECT_OWN` names that case), one connection
+/// per comm as NCCL's transport keeps.
+fn comm_fds() -> usize {
+    if std::env::var_os("RSIB_EXPECT_OWN").is_some() {
+        LISTENS
+    } else {
+        1
+    }
+}
+
 /// The listen comms of a device share one listening socket: `LISTENS` of them cost two
 /// descriptors (the socket and its epoll set), not one each (NCCL listens once per receive
 /// connection; `ncclIbListen`, net_ib/connect.cc, binds a socket per call), their handles carry one address and each its own nonce,
 /// and every connector reaches the listen comm whose handle it holds however the connects and
 /// accepts interleave (connects in the reverse order, all pending at once; accepts polled in
-/// turn). Closing the last listen comm closes the socket.
+/// turn). Closing the last listen comm closes the socket. The comms then hold one descriptor
+/// at each end, their shared link ([`comm_fds`]; NCCL's transport keeps a socket per comm,
+/// `ncclIbConnect`/`ncclIbAccept`), and every descriptor is back after the close.
 fn listen_comms_of_a_device_share_one_socket(cx: &mut Cx) {
     let seed = |i: usize| 300 + i as u64;
     let size = |i: usize| 512 + 8 * i;
@@ -518,6 +544,11 @@ fn listen_comms_of_a_device_share_one_socket(cx: &mut Cx) {
         for (_, lc) in &listens {
             cx.net.close_listen(*lc);
         }
+        assert_eq!(
+            open_fds(),
+            before + comm_fds(),
+            "{LISTENS} receive comms from one process"
+        );
         for (i, rc) in rcs.into_iter().enumerate() {
             // The message of the connector that held handle `i`, every byte checked.
             recv_each(&cx.net, rc, &[(seed(i), size(i))], 0);
@@ -530,6 +561,7 @@ fn listen_comms_of_a_device_share_one_socket(cx: &mut Cx) {
         let _startup = cx.peer();
         let peers: Vec<Handle> = (0..LISTENS).map(|_| cx.peer()).collect();
         let mut handles = peers.clone();
+        let before = open_fds();
         let mut scs = vec![std::ptr::null_mut::<c_void>(); LISTENS];
         let start = Instant::now();
         while scs.iter().any(|c| c.is_null()) {
@@ -543,10 +575,16 @@ fn listen_comms_of_a_device_share_one_socket(cx: &mut Cx) {
                 "{LISTENS} connects never finished"
             );
         }
+        assert_eq!(
+            open_fds(),
+            before + comm_fds(),
+            "{LISTENS} send comms to one process"
+        );
         for (i, sc) in scs.into_iter().enumerate() {
             send_each(&cx.net, sc, &[(seed(i), size(i))], 0);
             cx.net.close_send(sc);
         }
+        assert_eq!(open_fds(), before, "descriptors back after the close");
     }
 }
 
@@ -589,6 +627,26 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         ranks: 2,
         run: listen_comms_of_a_device_share_one_socket,
         env: &[],
+    },
+    // Either side with shared links off is what a build before them does on the wire (a
+    // handle without a process, a hello without proposal or answer): connection per comm.
+    Scenario {
+        name: "listen_comms_of_a_device_share_one_socket_with_a_receiver_that_does_not_share_links",
+        ranks: 2,
+        run: listen_comms_of_a_device_share_one_socket,
+        env: &[
+            &[("NCCL_NET_RS_SHARE_LINKS", "0"), ("RSIB_EXPECT_OWN", "1")],
+            &[("RSIB_EXPECT_OWN", "1")],
+        ],
+    },
+    Scenario {
+        name: "listen_comms_of_a_device_share_one_socket_with_a_sender_that_does_not_share_links",
+        ranks: 2,
+        run: listen_comms_of_a_device_share_one_socket,
+        env: &[
+            &[("RSIB_EXPECT_OWN", "1")],
+            &[("NCCL_NET_RS_SHARE_LINKS", "0"), ("RSIB_EXPECT_OWN", "1")],
+        ],
     },
     Scenario {
         name: "connect_to_a_closed_listen_comm_beside_an_open_one_fails",

@@ -31,6 +31,8 @@ fn addr_of(handle: &Handle) -> SocketAddr {
 fn redirect(handle: &Handle, addr: SocketAddr) -> Handle {
     let mut h = ListenHandle::parse(handle).unwrap();
     h.addr = addr;
+    // The stranger at `addr` is no process of ours: it speaks the per-comm wire (no link).
+    h.process = 0;
     let mut out = [0u8; 128];
     let mut wire = [0u8; ListenHandle::LEN];
     h.emit(&mut wire);
@@ -102,6 +104,7 @@ fn intrude(kind: Intruder, addr: SocketAddr) -> Option<TcpStream> {
                 failover: false,
                 failover_quiet: false,
                 bounce_slots: 0,
+                shares_links: false,
             };
             s.write_all(&hello.emit()).unwrap();
             Some(s)

@@ -190,6 +190,11 @@ pub const KNOBS: &[Knob] = &[
         meaning: "1 = hold the clear-to-sends of back-to-back irecvs on a comm and write them as one write at the next other call (or the watcher thread's next tick, 10 to 80 ms apart, when the client makes none); 0 = write each inside its irecv, as NCCL's IB transport does",
     },
     Knob {
+        name: "NCCL_NET_RS_SHARE_LINKS",
+        default: "1",
+        meaning: "1 = the out-of-band messages (liveness, failover) of every comm between two processes share one TCP connection per peer process and device; 0 = one connection per comm, as NCCL's IB transport keeps (either side's 0 decides)",
+    },
+    Knob {
         name: "NCCL_IB_RESILIENCY_PORT_FAILOVER",
         default: "1",
         meaning: "when a member port of a fused device fails, its connections carry on over the members left (both sides must agree; 0 = the comm fails, naming the port)",

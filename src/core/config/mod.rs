@@ -222,6 +222,9 @@ pub struct Config {
     /// Move lanes back once their home members are up again
     /// (`NCCL_IB_RESILIENCY_PORT_RECOVERY`); on by default.
     pub port_recovery: bool,
+    /// Carry the out-of-band messages of every comm between two processes on one shared TCP
+    /// connection (`NCCL_NET_RS_SHARE_LINKS`, see `core::links`); on by default.
+    pub share_links: bool,
 }
 
 impl Default for Config {
@@ -262,6 +265,7 @@ impl Default for Config {
             batch: false,
             port_failover: true,
             port_recovery: true,
+            share_links: true,
         }
     }
 }
@@ -482,6 +486,7 @@ impl Config {
                 "NCCL_IB_RESILIENCY_PORT_RECOVERY" => {
                     c.port_recovery = number(name, value, 0, 1)? == 1;
                 }
+                "NCCL_NET_RS_SHARE_LINKS" => c.share_links = number(name, value, 0, 1)? == 1,
                 "NCCL_NET_RS_CONNECT_TIMEOUT" => {
                     c.connect_timeout =
                         Duration::from_secs(narrow(number(name, value, 1, 86_400)?));

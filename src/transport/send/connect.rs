@@ -2,6 +2,8 @@
 //! take the reply, bring the QPs up and build the comm.
 
 use super::*;
+use crate::core::links::{Answer, Proposal};
+use crate::transport::peer_link::{Claim, LinkTo, LinkWait, link_to, process_id};
 
 /// How long one attempt to open the TCP connection may block an NCCL call.
 const DIAL_ATTEMPT: Duration = Duration::from_millis(100);
@@ -13,6 +15,21 @@ struct Pending {
     rings: HostRegion,
     /// What this side sent; the reply must answer it.
     hello: Hello,
+    /// The peer's reply, once it arrived, while its link answer is still on its way.
+    reply: Option<Box<Hello>>,
+}
+
+/// Where the comm's out-of-band messages will go.
+#[derive(Debug)]
+enum LinkPlan {
+    /// Not decided yet: the first dial decides.
+    Undecided,
+    /// Waiting for the link to the listener's process to open.
+    Waiting(LinkWait),
+    /// Proposed (or to be proposed) on this channel of a link.
+    Proposed(Claim),
+    /// Its handshake connection, kept as its own.
+    Own,
 }
 
 #[derive(Debug)]
@@ -37,6 +54,9 @@ pub struct Connecting {
     traffic: Traffic,
     deadline: Instant,
     stage: Option<Stage>,
+    /// This connect's nonce: the reply must echo it, and it names the comm's channel on a link.
+    connect_nonce: u64,
+    link: LinkPlan,
 }
 
 impl Connecting {
@@ -51,6 +71,8 @@ impl Connecting {
             traffic,
             deadline,
             stage: Some(Stage::Dial),
+            connect_nonce: random_u64(),
+            link: LinkPlan::Undecided,
         }
     }
 
@@ -72,11 +94,33 @@ impl Connecting {
                 .take()
                 .ok_or_else(|| Error::misuse("connect resumed after it failed"))?;
             let next = match stage {
+                Stage::Dial if !self.plan_link() => {
+                    if Instant::now() > self.deadline {
+                        return Err(Error::new(
+                            Kind::Remote,
+                            format!(
+                                "cannot connect to peer {peer}: it did not acknowledge the out-of-band link before the deadline (NCCL_NET_RS_CONNECT_TIMEOUT; is the peer process alive and accepting?)"
+                            ),
+                        ));
+                    }
+                    self.stage = Some(Stage::Dial);
+                    return Ok(None);
+                }
                 Stage::Dial => match TcpStream::connect_timeout(&peer, DIAL_ATTEMPT) {
                     Ok(tcp) => {
                         let mut stream = HandshakeStream::new(tcp, peer, self.deadline)?;
-                        let pending = self.build()?;
-                        stream.queue(&pending.hello.emit());
+                        let mut pending = self.build()?;
+                        if let LinkPlan::Proposed(claim) = &self.link {
+                            pending.hello.shares_links = true;
+                            stream.queue(&pending.hello.emit());
+                            let proposal = Proposal {
+                                process: process_id(),
+                                link: claim.link_number(),
+                            };
+                            stream.queue(&proposal.emit());
+                        } else {
+                            stream.queue(&pending.hello.emit());
+                        }
                         Stage::Exchange {
                             stream,
                             pending: Box::new(pending),
@@ -103,19 +147,37 @@ impl Connecting {
                 },
                 Stage::Exchange {
                     mut stream,
-                    pending,
+                    mut pending,
                 } => {
                     if stream.expired() {
                         return Err(stream.late("answer with its QP numbers"));
                     }
                     stream.flush()?;
-                    let Some(bytes) = stream.receive(Hello::LEN)? else {
-                        self.stage = Some(Stage::Exchange { stream, pending });
-                        return Ok(None);
+                    let remote = match pending.reply.take() {
+                        Some(remote) => remote,
+                        None => {
+                            let Some(bytes) = stream.receive(Hello::LEN)? else {
+                                self.stage = Some(Stage::Exchange { stream, pending });
+                                return Ok(None);
+                            };
+                            let remote = Hello::parse(&bytes)
+                                .and_then(|h| h.check_reply(&pending.hello).map(|()| h))
+                                .map_err(|e| Error::new(e.kind(), format!("peer {peer} {e}")))?;
+                            Box::new(remote)
+                        }
                     };
-                    let remote = Hello::parse(&bytes)
-                        .and_then(|h| h.check_reply(&pending.hello).map(|()| h))
-                        .map_err(|e| Error::new(e.kind(), format!("peer {peer} {e}")))?;
+                    if remote.shares_links {
+                        let Some(bytes) = stream.receive(Answer::LEN)? else {
+                            pending.reply = Some(remote);
+                            self.stage = Some(Stage::Exchange { stream, pending });
+                            return Ok(None);
+                        };
+                        self.take_answer(&bytes)
+                            .map_err(|e| Error::new(e.kind(), format!("peer {peer} {e}")))?;
+                    } else {
+                        // A peer that does not share links (or not with us): its own connection.
+                        self.link = LinkPlan::Own;
+                    }
                     let comm = Box::new(self.finish(*pending, &remote, peer)?);
                     stream.queue(&[1]);
                     Stage::Ready { stream, comm }
@@ -129,7 +191,11 @@ impl Connecting {
                     }
                     if stream.flush()? {
                         let framed = comm.state.get_mut().failover.is_some();
-                        comm.link = Some(Watched::new(stream.into_stream(), peer, framed)?);
+                        comm.link = Some(match std::mem::replace(&mut self.link, LinkPlan::Own) {
+                            // The handshake connection closes here: the comm is on the link.
+                            LinkPlan::Proposed(claim) => Watched::joined(claim),
+                            _ => Watched::own(stream.into_stream(), peer, framed)?,
+                        });
                         return Tended::new(*comm).map(Some);
                     }
                     self.stage = Some(Stage::Ready { stream, comm });
@@ -137,6 +203,48 @@ impl Connecting {
                 }
             };
             self.stage = Some(next);
+        }
+    }
+
+    /// Decide where the comm's out-of-band messages go, before its first dial: its channel on
+    /// the link to the listener's process when both sides share links. `false` while that
+    /// link is still being opened (the call returns and the next one asks again).
+    fn plan_link(&mut self) -> bool {
+        let wait = match std::mem::replace(&mut self.link, LinkPlan::Own) {
+            LinkPlan::Undecided if self.ctx.config.share_links && self.handle.process != 0 => None,
+            LinkPlan::Undecided => return true,
+            LinkPlan::Waiting(wait) => Some(wait),
+            decided => {
+                self.link = decided;
+                return true;
+            }
+        };
+        self.link = match link_to(&self.handle, self.connect_nonce, wait) {
+            LinkTo::Waiting(wait) => {
+                self.link = LinkPlan::Waiting(wait);
+                return false;
+            }
+            LinkTo::Claimed(claim) => LinkPlan::Proposed(claim),
+            LinkTo::Alone => LinkPlan::Own,
+        };
+        true
+    }
+
+    /// The listener's answer to our proposal: the comm joins the link, or keeps its own
+    /// connection.
+    fn take_answer(&mut self, bytes: &[u8]) -> Result<()> {
+        let answer = Answer::parse(bytes)?;
+        match std::mem::replace(&mut self.link, LinkPlan::Own) {
+            LinkPlan::Proposed(mut claim) if answer.joined => {
+                claim.agree();
+                self.link = LinkPlan::Proposed(claim);
+                Ok(())
+            }
+            LinkPlan::Proposed(_) => Ok(()),
+            _ => Err(Error::new(
+                Kind::Remote,
+                "answered a link proposal this side never made",
+            )),
         }
     }
 
@@ -158,7 +266,7 @@ impl Connecting {
         )?;
         let nonces = Nonces {
             listen: self.handle.nonce,
-            connect: random_u64(),
+            connect: self.connect_nonce,
         };
         let mut hello = local_hello(
             &self.ctx,
@@ -171,7 +279,12 @@ impl Connecting {
         );
         let offer = agreed_eager_bytes(&self.ctx.config, nqps, u64::MAX);
         hello.eager_bytes = u32::try_from(offer).unwrap_or(0);
-        Ok(Pending { qps, rings, hello })
+        Ok(Pending {
+            qps,
+            rings,
+            hello,
+            reply: None,
+        })
     }
 
     fn finish(&self, pending: Pending, remote: &Hello, peer: SocketAddr) -> Result<SendComm> {
