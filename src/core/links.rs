@@ -148,11 +148,7 @@ impl Answer {
     /// # Errors
     /// `Remote` when the bytes are no answer.
     pub fn parse(b: &[u8]) -> Result<Self> {
-        if b.len() < Self::LEN
-            || u32_at(b, 0) != ANSWER_MAGIC
-            || b[4] > 1
-            || b[5..8] != [0; 3]
-        {
+        if b.len() < Self::LEN || u32_at(b, 0) != ANSWER_MAGIC || b[4] > 1 || b[5..8] != [0; 3] {
             return Err(remote("shares links but sent no answer".into()));
         }
         Ok(Self { joined: b[4] == 1 })

@@ -572,7 +572,10 @@ mod tests {
             for bit in 0..8 {
                 let mut flipped = b;
                 flipped[byte] ^= 1 << bit;
-                assert!(ListenHandle::parse(&flipped).is_err(), "byte {byte} bit {bit}");
+                assert!(
+                    ListenHandle::parse(&flipped).is_err(),
+                    "byte {byte} bit {bit}"
+                );
             }
         }
     }

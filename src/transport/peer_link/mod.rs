@@ -57,10 +57,12 @@ const DIED: u8 = 2;
 /// This process, as links and handles name it (random, never 0).
 pub(super) fn process_id() -> u64 {
     static ID: OnceLock<u64> = OnceLock::new();
-    *ID.get_or_init(|| loop {
-        let id = random_u64();
-        if id != 0 {
-            break id;
+    *ID.get_or_init(|| {
+        loop {
+            let id = random_u64();
+            if id != 0 {
+                break id;
+            }
         }
     })
 }
@@ -558,7 +560,10 @@ impl Watched {
     /// The comm is on the link its handshake claimed.
     pub(super) fn joined(mut claim: Claim) -> Self {
         Self {
-            link: claim.link.take().expect("a claim holds its channel until joined"),
+            link: claim
+                .link
+                .take()
+                .expect("a claim holds its channel until joined"),
         }
     }
 

@@ -56,15 +56,25 @@ fn joined(door: &Door, handle: &ListenHandle, channel: u64) -> (Watched, Watched
         process: process_id(),
         link: dialer.link_number(),
     };
-    let acceptor = claim_accepted(&proposal, dialer_ip(&dialer.link.as_ref().unwrap().conn), channel)
-        .expect("the door listed the link before acknowledging it");
+    let acceptor = claim_accepted(
+        &proposal,
+        dialer_ip(&dialer.link.as_ref().unwrap().conn),
+        channel,
+    )
+    .expect("the door listed the link before acknowledging it");
     dialer.agree();
     (Watched::joined(dialer), Watched::joined(acceptor))
 }
 
 /// The address the dialer's end of `conn` comes from (what the acceptor checks).
 fn dialer_ip(conn: &Connection) -> IpAddr {
-    conn.stream.lock().as_ref().unwrap().local_addr().unwrap().ip()
+    conn.stream
+        .lock()
+        .as_ref()
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .ip()
 }
 
 fn frame(down: u8) -> Frame {
@@ -118,7 +128,11 @@ fn comms_between_two_processes_share_one_link_and_each_hears_only_its_own() {
         assert!(!conn.listed.load(Ordering::Acquire));
     }
     let table = TABLE.lock();
-    assert!(!table.dialed.contains_key(&(handle.process, handle.addr.ip())));
+    assert!(
+        !table
+            .dialed
+            .contains_key(&(handle.process, handle.addr.ip()))
+    );
 }
 
 /// A peer process gone (its end closed without goodbyes): every comm on the link reads as
@@ -135,13 +149,22 @@ fn a_link_that_ends_leaves_its_comms_gone_but_those_that_said_goodbye() {
     let dialed = Arc::clone(&pairs[0].0.link.conn);
     let link = pairs[0].0.link.conn.shared.unwrap().link;
     // What the kernel does to the sockets of a process that dies.
-    dialed.stream.lock().as_ref().unwrap().shutdown(Shutdown::Both).unwrap();
+    dialed
+        .stream
+        .lock()
+        .as_ref()
+        .unwrap()
+        .shutdown(Shutdown::Both)
+        .unwrap();
     for (_, a) in &pairs {
         eventually("a comm on the link learns its peer died", || {
             a.link().state() == PeerState::Died
         });
         let e = a.link().check("send comm").unwrap_err();
-        assert!(e.to_string().contains("process exited or was killed"), "{e}");
+        assert!(
+            e.to_string().contains("process exited or was killed"),
+            "{e}"
+        );
     }
     assert_eq!(survivor.link().state(), PeerState::Closed);
     let proposal = Proposal {
@@ -198,7 +221,12 @@ fn a_link_with_a_stranger_handle_is_refused_and_the_comm_goes_alone() {
         }
         assert!(Instant::now() < until, "never refused");
     }
-    assert!(!TABLE.lock().dialed.contains_key(&(handle.process, handle.addr.ip())));
+    assert!(
+        !TABLE
+            .lock()
+            .dialed
+            .contains_key(&(handle.process, handle.addr.ip()))
+    );
 }
 
 /// A link whose door never answers (its process stopped accepting) is dropped when the last
@@ -214,7 +242,10 @@ fn a_link_nobody_waits_for_any_more_is_dropped() {
         panic!("the door answered without being moved along");
     };
     drop(first);
-    assert!(TABLE.lock().dialed.contains_key(&key), "one connect still waits");
+    assert!(
+        TABLE.lock().dialed.contains_key(&key),
+        "one connect still waits"
+    );
     drop(second);
     assert!(!TABLE.lock().dialed.contains_key(&key));
 }
