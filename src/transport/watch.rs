@@ -41,7 +41,7 @@ use parking_lot::Mutex;
 
 use super::health::DeviceHealth;
 use super::held;
-use super::peer_link::{Connection, Watched};
+use super::peer_link::{Connection, Watched, corked};
 use crate::core::error::{Error, Result};
 use crate::plugin::PLUGIN_NAME;
 use crate::verbs::{Epoll, EventFd};
@@ -389,7 +389,9 @@ impl Watcher {
             if waited.is_ok() {
                 self.handle(&keys);
             }
-            wanted = self.tend_due();
+            // One write per link for what the comms due send (a repair storm: a few frames
+            // per comm).
+            wanted = corked(|| self.tend_due());
             tick = next_tick(tick, wanted == Tick::ClientAway);
             if let Err(e) = waited {
                 tracing::warn!("NET/{PLUGIN_NAME}: watcher: {e}");

@@ -17,11 +17,15 @@
 //!   that it could concern.
 //! - **Work.** Reading a link takes what arrived and hands each message to its comm through a
 //!   map: a wake-up costs what arrived, never a walk of the comms on the link. Only its end
-//!   (the peer process gone) touches every comm on it, once.
+//!   (the peer process gone) touches every comm on it, once. What the watcher sends while it
+//!   tends the comms due ([`corked`]) goes out in one write per connection, not one per
+//!   message: a repair storm sends a few messages per comm, and on loopback every write also
+//!   costs the peer's kernel and watcher a wake-up.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -46,6 +50,10 @@ const CLOSE_GRACE: Duration = Duration::from_millis(500);
 
 /// How long one attempt to open a link may block an NCCL call.
 const DIAL_ATTEMPT: Duration = Duration::from_millis(100);
+
+/// How many bytes of messages a corked connection holds before it writes them out anyway: a
+/// dozen messages, so the first of a long pass waits for a few comms' progress, not for all.
+const CORK_BYTES: usize = 256;
 
 /// The channel of the one comm on a connection of its own.
 const OWN_CHANNEL: u64 = 0;
@@ -111,6 +119,9 @@ pub(super) struct Connection {
     framed: bool,
     /// The bytes of a message not complete yet.
     partial: Mutex<Vec<u8>>,
+    /// Messages held back by [`corked`], written ahead of anything later (lock order: `stream`
+    /// before this).
+    held: Mutex<Vec<u8>>,
     /// The comms on it, by channel.
     channels: Mutex<HashMap<u64, Weak<PeerLink>>>,
     /// Still listed for new comms to join (cleared under the table's lock).
@@ -137,6 +148,7 @@ impl Connection {
             shared,
             framed,
             partial: Mutex::new(Vec::new()),
+            held: Mutex::new(Vec::new()),
             channels: Mutex::new(HashMap::new()),
             listed: AtomicBool::new(shared.is_some()),
             watch_key: AtomicU64::new(0),
@@ -297,12 +309,42 @@ impl Connection {
         }
     }
 
-    /// Write `bytes` whole (a partial message would garble every later one on a link).
-    fn write(&self, bytes: &[u8]) -> Result<()> {
+    /// Write `bytes` after what is held back, or, inside [`corked`], hold them back too.
+    fn write(self: &Arc<Self>, bytes: &[u8]) -> Result<()> {
+        let full = CORKED.with(|corked| {
+            let mut corked = corked.borrow_mut();
+            let listed = corked.as_mut()?;
+            if !listed.iter().any(|c| Arc::ptr_eq(c, self)) {
+                listed.push(Arc::clone(self));
+            }
+            let mut held = self.held.lock();
+            held.extend_from_slice(bytes);
+            Some(held.len() >= CORK_BYTES)
+        });
+        match full {
+            Some(false) => Ok(()),
+            Some(true) => self.write_held(&[]),
+            None => self.write_held(bytes),
+        }
+    }
+
+    /// Write what is held back, then `bytes`.
+    fn write_held(&self, bytes: &[u8]) -> Result<()> {
         let stream = self.stream.lock();
-        let mut stream = stream.as_ref().ok_or_else(|| {
+        let stream = stream.as_ref().ok_or_else(|| {
             Error::new(Kind::Remote, format!("connection to {} closed", self.peer))
         })?;
+        let mut out = std::mem::take(&mut *self.held.lock());
+        if out.is_empty() {
+            return self.write_whole(stream, bytes);
+        }
+        out.extend_from_slice(bytes);
+        self.write_whole(stream, &out)
+    }
+
+    /// Write `bytes` whole: a partial message would garble every later one on a link, so a
+    /// write that fails shuts the connection down, and every comm on it reads as gone.
+    fn write_whole(&self, mut stream: &TcpStream, bytes: &[u8]) -> Result<()> {
         let mut sent = 0;
         let deadline = Instant::now() + Duration::from_secs(1);
         while sent < bytes.len() {
@@ -315,6 +357,7 @@ impl Connection {
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
+                    let _ = stream.shutdown(Shutdown::Both);
                     return Err(Error::new(
                         Kind::Remote,
                         format!("sending a failover message to {}: {e}", self.peer),
@@ -326,7 +369,7 @@ impl Connection {
     }
 
     /// Write `body` for the comm on `channel`.
-    fn send(&self, channel: u64, body: Body) -> Result<()> {
+    fn send(self: &Arc<Self>, channel: u64, body: Body) -> Result<()> {
         match (self.shared, body) {
             (Some(_), body) => {
                 let mut out = [0u8; MAX_LINK_MESSAGE];
@@ -372,6 +415,32 @@ impl Connection {
         }
         drop(self.stream.lock().take());
     }
+}
+
+thread_local! {
+    /// The connections [`corked`] holds messages for on this thread, while it runs.
+    static CORKED: RefCell<Option<Vec<Arc<Connection>>>> = const { RefCell::new(None) };
+}
+
+/// Run `tend`, holding back the messages it sends on each connection and writing them at the
+/// end (or every [`CORK_BYTES`]) in one write: the watcher's pass over the comms due. A message
+/// sent meanwhile from another thread writes what is held before it, so each comm's messages
+/// keep their order.
+pub(super) fn corked<T>(tend: impl FnOnce() -> T) -> T {
+    struct Cork;
+    impl Drop for Cork {
+        fn drop(&mut self) {
+            let listed = CORKED.with(|corked| corked.borrow_mut().take());
+            for conn in listed.into_iter().flatten() {
+                if let Err(e) = conn.write_held(&[]) {
+                    tracing::debug!("NET/{PLUGIN_NAME}: {e}");
+                }
+            }
+        }
+    }
+    CORKED.with(|corked| *corked.borrow_mut() = Some(Vec::new()));
+    let _cork = Cork;
+    tend()
 }
 
 /// Let the watcher tend the comms `keys` name (what arrived for them may need their progress).

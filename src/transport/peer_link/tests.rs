@@ -249,3 +249,49 @@ fn a_link_nobody_waits_for_any_more_is_dropped() {
     drop(second);
     assert!(!TABLE.lock().dialed.contains_key(&key));
 }
+
+/// What the watcher sends while it tends comms waits for the end of its pass (or for
+/// `CORK_BYTES`) and then goes in one write; a frame sent meanwhile from another thread goes
+/// after what is held, so every comm's frames arrive in the order they were sent.
+#[test]
+fn frames_sent_while_corked_go_at_the_end_in_their_order() {
+    let (door, handle) = door(16);
+    let pairs: Vec<(Watched, Watched)> = (1..=3).map(|c| joined(&door, &handle, c)).collect();
+    let arrived = |i: usize| pairs[i].1.link().has_frames();
+    corked(|| {
+        pairs[0].0.link().send(&frame(1)).unwrap();
+        pairs[1].0.link().send(&frame(2)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!arrived(0) && !arrived(1), "held while corked");
+        // Another thread's frame for comm 1 writes the held ones first.
+        std::thread::scope(|s| {
+            s.spawn(|| pairs[0].0.link().send(&frame(3)).unwrap());
+        });
+        eventually("the frames held and the other thread's arrived", || {
+            arrived(0) && arrived(1)
+        });
+        pairs[2].0.link().send(&frame(4)).unwrap();
+        pairs[0].0.link().send(&frame(5)).unwrap();
+    });
+    eventually("the frames held to the end arrived", || {
+        arrived(2) && arrived(0)
+    });
+    assert_eq!(pairs[0].1.link().frames(), [frame(1), frame(3), frame(5)]);
+    assert_eq!(pairs[1].1.link().frames(), [frame(2)]);
+    assert_eq!(pairs[2].1.link().frames(), [frame(4)]);
+    // Enough to fill the cork goes out without waiting for the end.
+    let per_frame = {
+        let mut out = [0u8; MAX_LINK_MESSAGE];
+        LinkMessage {
+            channel: 1,
+            body: Body::Frame(frame(0)),
+        }
+        .emit(&mut out)
+    };
+    corked(|| {
+        for _ in 0..CORK_BYTES.div_ceil(per_frame) {
+            pairs[1].0.link().send(&frame(6)).unwrap();
+        }
+        eventually("a full cork is written at once", || arrived(1));
+    });
+}
