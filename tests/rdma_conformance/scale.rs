@@ -40,7 +40,7 @@ const DOWN_FOR: Duration = Duration::from_secs(3);
 /// or repairs waiting on each other would exceed it).
 const OFF_LIMIT: Duration = Duration::from_secs(15);
 /// What issue #62 asks for `OFF_LIMIT`; on the emulated two-core test bed, where each repair
-/// makes a QP on both sides, the time follows the host's load (1.6-2.1 s for 1,000 comms on a
+/// makes a QP on both sides, the time follows the host's load (1.6-2.2 s for 1,000 comms on a
 /// quiet host, 2.7-2.9 s on a busy one): printed next to the measurement, not asserted.
 const OFF_TARGET: Duration = Duration::from_secs(2);
 /// Every comm's lane back on its home member this long after the port is ACTIVE again.
