@@ -1,14 +1,9 @@
 //! What both ends of a connection share: sizes of the QPs and rings, the handshake message each
-//! side builds, the compatibility check on the peer's message, QP bring-up, and the plain-words
-//! description of a failed work completion.
+//! side builds, the compatibility check on the peer's message, the QPs' path parameters, and
+//! the plain-words description of a failed work completion.
 
-use std::net::{Ipv6Addr, SocketAddr};
-use std::sync::Arc;
-
-use parking_lot::RwLock;
-
-use super::held::PostQueue;
 use super::peer_link::Watched;
+use super::qp_set::QpSet;
 use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
 use crate::core::eager;
@@ -17,9 +12,8 @@ use crate::core::proto::{Layout, SLOTS};
 use crate::core::queues::QueueMemory;
 use crate::core::wire::{Cts, DATA_PATH_REVISION, Endpoint, Hello, MAX_RECVS, Role};
 use crate::topology::{GidEntry, IbRoute, ib_route};
-use crate::verbs::{
-    Access, Completion, CompletionQueue, HostRegion, PathParams, QpCaps, QueuePair, RemoteEndpoint,
-};
+use crate::verbs::{Completion, HostRegion, PathParams, QpCaps};
+use std::net::{Ipv6Addr, SocketAddr};
 
 /// Bytes of the sender's CTS ring: one slot of `MAX_RECVS` entries per message slot.
 pub(super) const CTS_RING_BYTES: usize = SLOTS * MAX_RECVS * Cts::LEN;
@@ -177,14 +171,14 @@ impl ConnectionMemory {
 
 /// Entries of a comm's CQ on a member that `lanes` QPs of `caps` may use, plus `extra` (a
 /// flush QP's reads). Both sides of the estimate and `QpSet::new` size CQs by this.
-fn cq_entries(caps: QpCaps, lanes: u32, extra: u32) -> u32 {
+pub(super) fn cq_entries(caps: QpCaps, lanes: u32, extra: u32) -> u32 {
     (caps.max_send_wr + caps.max_recv_wr) * lanes + extra + 16
 }
 
 /// The lanes of a connection of `lanes` over `members` members whose completions member `m`'s
 /// CQ may take: those on it (lane `i` lives on member `i % members`), or, where failover may
 /// move any lane to any member (`movable`), every lane.
-fn lanes_on_cq(m: usize, lanes: usize, members: usize, movable: bool) -> u32 {
+pub(super) fn lanes_on_cq(m: usize, lanes: usize, members: usize, movable: bool) -> u32 {
     let n = if movable {
         lanes
     } else {
@@ -327,202 +321,6 @@ impl Recorded {
             what: e.to_string(),
             by_completion,
         }
-    }
-}
-
-/// One lane of a connection (a QP index): its QP, the queue its posts go through, and the
-/// member port it lives on. Failover replaces a broken lane's QP with one on another member.
-#[derive(Debug)]
-pub(super) struct Lane {
-    pub(super) qp: Arc<QueuePair>,
-    /// Its posts: at once, or held for a batch with `NCCL_NET_RS_BATCH` (see `held`).
-    pub(super) queue: PostQueue,
-    /// The local member the QP lives on.
-    pub(super) member: usize,
-    /// The peer's member it connects to.
-    pub(super) remote: usize,
-}
-
-impl Lane {
-    fn new(qp: QueuePair, (member, remote): (usize, usize), holds: bool) -> Self {
-        let qp = Arc::new(qp);
-        Self {
-            queue: PostQueue::new(Arc::clone(&qp), holds),
-            qp,
-            member,
-            remote,
-        }
-    }
-}
-
-/// The QPs of one connection, striped over the device's member ports, with one CQ per member.
-#[derive(Debug)]
-pub(super) struct QpSet {
-    pub(super) cqs: Vec<Arc<CompletionQueue>>,
-    /// Per lane, its QP. A lane is replaced only under the comm's state lock; the lock here
-    /// lets the data path read it without holding that lock's borrow.
-    pub(super) lanes: Vec<RwLock<Lane>>,
-    /// The members' GIDs this connection uses, in its hello and its QPs alike (taken once:
-    /// see [`PortContext::current_gid`]).
-    pub(super) gids: Vec<GidEntry>,
-    caps: QpCaps,
-    access: Access,
-}
-
-impl QpSet {
-    /// Create `n` QPs in INIT with `access` rights for the peer, QP `i` on member
-    /// `i % members` (which uses `gids[i % members]`) towards the peer's member
-    /// `i % remote_members`, plus room in each CQ for `extra` more
-    /// work requests (a flush QP). With `movable`, each CQ has room for every lane, as
-    /// failover may move any lane to any member. `holds`: the lanes' queues may hold posts.
-    pub(super) fn new(
-        ctx: &DeviceContext,
-        gids: Vec<GidEntry>,
-        (n, remote_members): (usize, usize),
-        (caps, access): (QpCaps, Access),
-        extra: u32,
-        (holds, movable): (bool, bool),
-    ) -> Result<Self> {
-        let members = ctx.ports.len();
-        let cqs = ctx
-            .ports
-            .iter()
-            .enumerate()
-            .map(|(m, port)| {
-                let here = lanes_on_cq(m, n, members, movable);
-                CompletionQueue::new(&port.device, cq_entries(caps, here, extra))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut set = Self {
-            cqs,
-            lanes: Vec::with_capacity(n),
-            gids,
-            caps,
-            access,
-        };
-        for i in 0..n {
-            let qp = set.create(ctx, i % members)?;
-            let route = (i % members, i % remote_members.max(1));
-            set.lanes.push(RwLock::new(Lane::new(qp, route, holds)));
-        }
-        Ok(set)
-    }
-
-    /// A new QP in INIT on `member`, as the connection's others.
-    pub(super) fn create(&self, ctx: &DeviceContext, member: usize) -> Result<QueuePair> {
-        let port = &ctx.ports[member];
-        let qp = QueuePair::new(&port.pd, &self.cqs[member], self.caps)?;
-        qp.to_init(port.port_num(), port.pkey_index, self.access)?;
-        Ok(qp)
-    }
-
-    /// Lane `lane` from now on: `qp` on `member`, towards the peer's `remote`. The old QP
-    /// (drained) is destroyed here.
-    pub(super) fn replace(
-        &self,
-        lane: usize,
-        qp: QueuePair,
-        (member, remote): (usize, usize),
-        holds: bool,
-    ) {
-        let new = Lane::new(qp, (member, remote), holds);
-        let old = std::mem::replace(&mut *self.lanes[lane].write(), new);
-        drop(old);
-    }
-
-    /// Lane `lane`'s QP.
-    pub(super) fn qp(&self, lane: usize) -> Arc<QueuePair> {
-        Arc::clone(&self.lanes[lane].read().qp)
-    }
-
-    /// Lane `lane`'s QP number.
-    pub(super) fn qpn(&self, lane: usize) -> u32 {
-        self.lanes[lane].read().qp.qpn()
-    }
-
-    /// Lanes of the connection.
-    pub(super) fn len(&self) -> usize {
-        self.lanes.len()
-    }
-
-    /// Post what every lane's queue holds.
-    pub(super) fn flush_queues(&self) -> Result<()> {
-        self.lanes.iter().try_for_each(|l| l.read().queue.flush())
-    }
-
-    /// Hand every completion in every CQ, with the member whose CQ it came from, to `each`,
-    /// until the CQs are empty or `each` fails.
-    pub(super) fn drain(
-        &self,
-        mut each: impl FnMut(usize, &Completion) -> Result<()>,
-    ) -> Result<()> {
-        for (member, cq) in self.cqs.iter().enumerate() {
-            while cq.poll_each(|c| each(member, c))? == CompletionQueue::BATCH {}
-        }
-        // The completions made room in the send queues: post what waits for it.
-        self.lanes
-            .iter()
-            .try_for_each(|l| l.read().queue.post_waiting())
-    }
-
-    /// `"traffic class 106, service level 3; the QP reports traffic class 106"`: what the
-    /// connection asked for and what the device reports for the first QP's path (RoCE carries
-    /// no service level, so it is not read back), for the connection's debug line.
-    pub(super) fn describe_qos(&self, traffic: Traffic) -> String {
-        let reported = match self.lanes.first().map(|l| l.read().qp.qos()) {
-            Some(Ok((class, _))) => format!("traffic class {class}"),
-            Some(Err(e)) => format!("nothing ({e})"),
-            None => "nothing (no QPs)".to_owned(),
-        };
-        format!(
-            "traffic class {}, service level {}; the QP reports {reported}",
-            traffic.class, traffic.level
-        )
-    }
-
-    /// QP index of the QP numbered `qpn` on `member` (QP numbers are unique per device only,
-    /// so two members may both have a QP 0x11).
-    pub(super) fn index_of(&self, member: usize, qpn: u32) -> Option<usize> {
-        self.lanes.iter().position(|l| {
-            let l = l.read();
-            l.member == member && l.qp.qpn() == qpn
-        })
-    }
-
-    /// Bring every QP to RTS towards the peer's QPs, pairwise: QP `i` on local member
-    /// `i % members` to the peer's QP `i` on its member `i % remote members`.
-    pub(super) fn connect(
-        &self,
-        ctx: &DeviceContext,
-        remote: &Hello,
-        traffic: Traffic,
-    ) -> Result<()> {
-        for (i, &qpn) in remote.qpns.iter().enumerate().take(self.lanes.len()) {
-            let lane = self.lanes[i].read();
-            let peer = &remote.members[i % remote.members.len()];
-            self.connect_qp(ctx, &lane.qp, lane.member, (peer, qpn), traffic)?;
-        }
-        Ok(())
-    }
-
-    /// Bring `qp` on `member` to RTS towards the peer's QP `qpn` on its member `peer`.
-    pub(super) fn connect_qp(
-        &self,
-        ctx: &DeviceContext,
-        qp: &QueuePair,
-        member: usize,
-        (peer, qpn): (&Endpoint, u32),
-        traffic: Traffic,
-    ) -> Result<()> {
-        let path = path_params(
-            &ctx.ports[member],
-            &self.gids[member],
-            &ctx.config,
-            peer,
-            traffic,
-        );
-        qp.to_rtr(&RemoteEndpoint { qpn, gid: peer.gid }, &path)?;
-        qp.to_rts(&path)
     }
 }
 

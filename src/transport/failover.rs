@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 
 use super::DeviceContext;
 use super::conn::Failure;
-use super::conn::{QpSet, WR_INDEX_MASK};
+use super::conn::WR_INDEX_MASK;
 use super::conn::{WR_RECV, eager_receive_pool};
 use super::health::health_changes;
 use super::peer_link::{PeerLink, Watched};
+use super::qp_set::QpSet;
 use super::recv::{RecvComm, RecvState};
 use super::recv_writes::AnswerWrites;
 use super::send::{SendComm, SendState};

@@ -30,7 +30,8 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, const_mutex};
 
-use super::conn::{Failure, QpSet};
+use super::conn::Failure;
+use super::qp_set::QpSet;
 use crate::core::error::Result;
 use crate::plugin::PLUGIN_NAME;
 use crate::verbs::{PostRefused, QueuePair, SendChain, WorkRequest};

@@ -18,6 +18,7 @@ mod mr;
 mod oob;
 mod peer_link;
 mod profile;
+mod qp_set;
 mod quiet_wait;
 mod recv;
 mod recv_writes;

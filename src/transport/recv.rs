@@ -11,9 +11,9 @@ use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
 use super::conn::{
-    CTS_SIGNAL_EVERY, FLUSH_QP_CAPS, Failure, Nonces, QpSet, SIZES_RING_BYTES, SIZES_SLOT_BYTES,
-    WR_CTS, WR_DRAIN, WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, bounce_slots,
-    check_alive, check_peer, completion_error, describe_eager, describe_local, describe_remote,
+    CTS_SIGNAL_EVERY, FLUSH_QP_CAPS, Failure, Nonces, SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS,
+    WR_DRAIN, WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, bounce_slots, check_alive,
+    check_peer, completion_error, describe_eager, describe_local, describe_remote,
     eager_receive_pool, failover_agreed, flush_cq_room, local_hello, path_params, quiet_receives,
     recv_qp_caps, recv_rings_bytes, recv_staging_at,
 };
@@ -23,6 +23,7 @@ use super::held::{self, PostQueue};
 use super::mr::MrHandle;
 use super::peer_link::{PeerState, Watched};
 use super::profile::{Events, Parent, QpEvent};
+use super::qp_set::QpSet;
 use super::quiet_wait::QuietWait;
 use super::recv_writes::empty_write;
 use super::watch::{ClientProgress, Tend, Tick, busy_tick};

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use super::DeviceContext;
 use super::conn::{
-    CREDIT_OFFSET, Failure, Nonces, QpSet, SEND_QP_CAPS, SEND_RINGS_BYTES, SEND_STAGING_AT,
+    CREDIT_OFFSET, Failure, Nonces, SEND_QP_CAPS, SEND_RINGS_BYTES, SEND_STAGING_AT,
     SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_DATA, WR_INDEX_MASK, WR_SEND_DONE, agreed_eager_bytes,
     bounce_slots, check_alive, check_peer, completion_error, connection_qps, describe_eager,
     describe_local, describe_remote, failover_agreed, local_hello, quiet_receives, random_u64,
@@ -21,6 +21,7 @@ use super::held::Builder;
 use super::mr::MrHandle;
 use super::peer_link::Watched;
 use super::profile::{Events, Parent, QpEvent};
+use super::qp_set::QpSet;
 use super::watch::{ClientProgress, Tend, Tended, Tick, busy_tick};
 use super::wire_io::{HandshakeStream, socket_error};
 use crate::core::config::MAX_FUSED_MEMBERS;
