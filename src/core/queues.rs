@@ -12,6 +12,8 @@
 //!   depth x entry. A receive entry is 16 bytes per scatter/gather entry rounded to a power of
 //!   two, times the depth rounded to a power of two (at least 64 bytes). Both queues share one
 //!   page-aligned buffer. A CQ holds the next power of two above its entries, 64 bytes each.
+//!   The comms of a process share their CQs (`transport::shared_cq`), so a comm's part of one
+//!   is its entries.
 //! - **rxe** (Soft-RoCE, the kernel's `drivers/infiniband/sw/rxe`): the queues are kernel memory
 //!   (`vmalloc_user`) mapped into the process: not pinned, not counted against memlock, but
 //!   kernel memory and, once touched, resident in the process too. An entry is the WQE header
@@ -71,12 +73,15 @@ impl QueueMemory {
         }
     }
 
-    /// Bytes of one CQ of `entries`.
-    pub fn cq_bytes(self, entries: u32) -> u64 {
-        match self {
-            Self::Pinned => page_align(next_pow2(u64::from(entries) + 1) * MLX5_CQE),
-            Self::Kernel => rxe_queue_bytes(entries, RXE_CQE),
-        }
+    /// Bytes a comm's room of `entries` on a CQ its process's comms share costs: the entries
+    /// themselves (the shared CQ's rounding to a power of two and its page are spread over its
+    /// comms, and a CQ of thousands of entries rounds up by little).
+    pub fn cq_share_bytes(self, entries: u32) -> u64 {
+        u64::from(entries)
+            * match self {
+                Self::Pinned => MLX5_CQE,
+                Self::Kernel => RXE_CQE,
+            }
     }
 
     /// Whether these queues count against the locked-memory limit.
@@ -159,12 +164,12 @@ mod tests {
     }
 
     #[test]
-    fn mlx5_receive_queue_and_cq() {
+    fn mlx5_receive_queue_and_a_cq_share() {
         // 64 receives of one SGE: 64 x 16 = 1 KiB, in the QP's page.
         assert_eq!(mlx5_qp_bytes(caps(0, 64, 0)), PAGE);
-        // 255 entries -> 256 CQEs of 64 bytes.
-        assert_eq!(QueueMemory::Pinned.cq_bytes(255), 16 << 10);
-        assert_eq!(QueueMemory::Pinned.cq_bytes(256), 32 << 10);
+        // A comm's room on a shared CQ: 64 bytes an entry, on either provider.
+        assert_eq!(QueueMemory::Pinned.cq_share_bytes(255), 255 * 64);
+        assert_eq!(QueueMemory::Kernel.cq_share_bytes(48), 3 << 10);
     }
 
     #[test]

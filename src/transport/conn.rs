@@ -218,8 +218,8 @@ pub fn connection_memory(config: &Config, members: usize, memory: QueueMemory) -
     let cqs: u64 = (0..members)
         .map(|m| {
             let here = lanes_on_cq(m, lanes, members, config.port_failover);
-            memory.cq_bytes(cq_entries(SEND_QP_CAPS, here, 0))
-                + memory.cq_bytes(cq_entries(recv_caps, here, flush_cq_room(config)))
+            memory.cq_share_bytes(cq_entries(SEND_QP_CAPS, here, 0))
+                + memory.cq_share_bytes(cq_entries(recv_caps, here, flush_cq_room(config)))
         })
         .sum();
     let qps = lanes as u64 * (memory.qp_bytes(SEND_QP_CAPS) + memory.qp_bytes(recv_caps));
@@ -760,10 +760,11 @@ mod tests {
         assert_eq!(mlx5.registered, (5 + 13) * PAGE);
         // mlx5: the send QP 31 x 256-byte entries (8 KiB), no receive queue, 2 pages; the
         // receive QP 31 x 256-byte entries (the CTS from staging, not inline) and 32 + 8
-        // receives (1 KiB), 3 pages; CQs of 64 and 128 entries (48 and 119 asked for), 1 and
-        // 2 pages.
-        assert_eq!(mlx5.queues, (2 + 3 + 1 + 2) * PAGE);
-        assert_eq!(mlx5.pinned(), (18 + 8) * PAGE);
+        // receives (1 KiB), 3 pages; room for 47 and 119 completions on the shared CQs, 64
+        // bytes each.
+        let cq_entry = 64;
+        assert_eq!(mlx5.queues, (2 + 3) * PAGE + (47 + 119) * cq_entry);
+        assert_eq!(mlx5.pinned(), (18 + 5) * PAGE + (47 + 119) * cq_entry);
         // rxe keeps its queues in kernel memory: only the rings count against memlock.
         let rxe = connection_memory(&config, 1, QueueMemory::Kernel);
         assert_eq!(rxe.pinned(), 18 * PAGE);
@@ -793,7 +794,7 @@ mod tests {
         assert_eq!(two.registered, 2 * (5 + 5) * PAGE);
         // Receive QPs: 32 receives, no eager pool.
         let qps = 4 * (2 + 3) * PAGE;
-        // CQs: 4 x 31 + 16 = 140 -> 256 entries (16 KiB); 4 x 63 + 32 + 16 = 300 -> 512 (32 KiB).
-        assert_eq!(two.queues, qps + 2 * (4 + 8) * PAGE);
+        // Room on each member's shared CQs: 4 x 31 + 16 = 140 and 4 x 63 + 32 + 16 = 300.
+        assert_eq!(two.queues, qps + 2 * (140 + 300) * cq_entry);
     }
 }

@@ -14,6 +14,7 @@ use super::door::Door;
 use super::health::DeviceHealth;
 use super::mr::MrCache;
 use super::oob::{OobSettings, choose_oob_address};
+use super::shared_cq::CqPool;
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::core::repair::Cause;
@@ -22,7 +23,7 @@ use crate::topology::{
     GidEntry, GidPolicy, LinkLayer, NetDevice, PORT_ACTIVE, SysfsRoot, VirtualDevice, choose_gid,
     configured_pkey, port_state_name, select_ib_gid,
 };
-use crate::verbs::{Device, ProtectionDomain, interface_addrs};
+use crate::verbs::{Access, Device, HostRegion, ProtectionDomain, RegionPool, interface_addrs};
 
 /// One NCCL device opened for connections.
 #[derive(Debug)]
@@ -39,6 +40,8 @@ pub struct DeviceContext {
     opened: Instant,
     /// The listening socket its listen comms share, while any is open.
     door: Mutex<Weak<Door>>,
+    /// The comms' control rings, carved from registrations they share.
+    rings: RegionPool,
 }
 
 /// Comms that lose a path over the same member within this long share one WARN line: their
@@ -71,6 +74,7 @@ impl DeviceContext {
             path_logged: ports.iter().map(|_| AtomicU64::new(u64::MAX)).collect(),
             opened: Instant::now(),
             door: Mutex::new(Weak::new()),
+            rings: RegionPool::default(),
             ports,
             config: config.clone(),
         }))
@@ -235,6 +239,12 @@ impl DeviceContext {
     pub(super) fn pds(&self) -> Vec<Arc<ProtectionDomain>> {
         self.ports.iter().map(|p| Arc::clone(&p.pd)).collect()
     }
+
+    /// `len` zeroed bytes of control rings registered with `access` on every member (a piece
+    /// of a registration other comms' rings share).
+    pub(super) fn carve(&self, len: usize, access: Access) -> Result<HostRegion> {
+        self.rings.carve(&self.pds(), len, access)
+    }
 }
 
 /// One port opened for connections.
@@ -263,6 +273,8 @@ pub struct PortContext {
     /// Address the out-of-band listener binds when this port is a device's first member.
     pub oob_ip: IpAddr,
     pub(super) mrs: Mutex<MrCache>,
+    /// The CQs the comms on this port share.
+    pub(super) cqs: CqPool,
     /// Data registrations carry relaxed ordering; cleared for good when the driver refuses it.
     pub(super) relaxed_ordering: AtomicBool,
     /// What the device's asynchronous events said.
@@ -288,6 +300,7 @@ impl PortContext {
     ) -> Result<Self> {
         let device = Device::open(&net.device)?;
         let pd = ProtectionDomain::new(&device)?;
+        let cqs = CqPool::new(&device)?;
         let port = device.port_state(net.port)?;
         let where_ = format!("{}:{}", net.device, net.port);
         let (gid, shortfalls, outside_range) = port_gid(&device, net, config, sysfs)?;
@@ -343,6 +356,7 @@ impl PortContext {
             link_layer: port.link_layer,
             oob_ip: oob.addr,
             mrs: Mutex::new(MrCache::default()),
+            cqs,
             relaxed_ordering: AtomicBool::new(relaxed_ordering),
             health,
         })

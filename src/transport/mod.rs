@@ -23,6 +23,7 @@ mod quiet_wait;
 mod recv;
 mod recv_writes;
 mod send;
+mod shared_cq;
 mod watch;
 mod wire_io;
 

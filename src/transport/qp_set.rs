@@ -8,11 +8,12 @@ use parking_lot::RwLock;
 use super::DeviceContext;
 use super::conn::{cq_entries, lanes_on_cq, path_params};
 use super::held::PostQueue;
+use super::shared_cq::CqShare;
 use crate::core::config::Traffic;
 use crate::core::error::Result;
 use crate::core::wire::{Endpoint, Hello};
 use crate::topology::GidEntry;
-use crate::verbs::{Access, Completion, CompletionQueue, QpCaps, QueuePair, RemoteEndpoint};
+use crate::verbs::{Access, Completion, QpCaps, QueuePair, RemoteEndpoint};
 
 /// One lane of a connection (a QP index): its QP, the queue its posts go through, and the
 /// member port it lives on. Failover replaces a broken lane's QP with one on another member.
@@ -42,7 +43,8 @@ impl Lane {
 /// The QPs of one connection, striped over the device's member ports, with one CQ per member.
 #[derive(Debug)]
 pub(super) struct QpSet {
-    pub(super) cqs: Vec<Arc<CompletionQueue>>,
+    /// Per member, the comm's room on one of its shared CQs.
+    pub(super) cqs: Vec<CqShare>,
     /// Per lane, its QP. A lane is replaced only under the comm's state lock; the lock here
     /// lets the data path read it without holding that lock's borrow.
     pub(super) lanes: Vec<RwLock<Lane>>,
@@ -74,7 +76,7 @@ impl QpSet {
             .enumerate()
             .map(|(m, port)| {
                 let here = lanes_on_cq(m, n, members, movable);
-                CompletionQueue::new(&port.device, cq_entries(caps, here, extra))
+                port.cqs.share(cq_entries(caps, here, extra))
             })
             .collect::<Result<Vec<_>>>()?;
         let mut set = Self {
@@ -95,8 +97,13 @@ impl QpSet {
     /// A new QP in INIT on `member`, as the connection's others.
     pub(super) fn create(&self, ctx: &DeviceContext, member: usize) -> Result<QueuePair> {
         let port = &ctx.ports[member];
-        let qp = QueuePair::new(&port.pd, &self.cqs[member], self.caps)?;
-        qp.to_init(port.port_num(), port.pkey_index, self.access)?;
+        let share = &self.cqs[member];
+        let qp = QueuePair::new(&port.pd, share.cq(), self.caps)?;
+        share.adopt(qp.qpn());
+        if let Err(e) = qp.to_init(port.port_num(), port.pkey_index, self.access) {
+            share.disown(qp.qpn());
+            return Err(e);
+        }
         Ok(qp)
     }
 
@@ -111,6 +118,7 @@ impl QpSet {
     ) {
         let new = Lane::new(qp, (member, remote), holds);
         let old = std::mem::replace(&mut *self.lanes[lane].write(), new);
+        self.cqs[old.member].disown(old.qp.qpn());
         drop(old);
     }
 
@@ -140,8 +148,8 @@ impl QpSet {
         &self,
         mut each: impl FnMut(usize, &Completion) -> Result<()>,
     ) -> Result<()> {
-        for (member, cq) in self.cqs.iter().enumerate() {
-            while cq.poll_each(|c| each(member, c))? == CompletionQueue::BATCH {}
+        for (member, share) in self.cqs.iter().enumerate() {
+            share.poll(|c| each(member, c))?;
         }
         // The completions made room in the send queues: post what waits for it.
         self.lanes

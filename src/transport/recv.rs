@@ -26,6 +26,7 @@ use super::profile::{Events, Parent, QpEvent};
 use super::qp_set::QpSet;
 use super::quiet_wait::QuietWait;
 use super::recv_writes::empty_write;
+use super::shared_cq::CqShare;
 use super::watch::{ClientProgress, Tend, Tick, busy_tick};
 use super::{DeviceContext, PortContext};
 use crate::core::config::{Config, Traffic};
@@ -40,8 +41,8 @@ use crate::core::repair::LeadRepair;
 use crate::core::wire::{Hello, Role};
 use crate::topology::GidEntry;
 use crate::verbs::{
-    Access, Completion, CompletionQueue, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair,
-    RemoteEndpoint, Sge, WorkRequest,
+    Access, Completion, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair, RemoteEndpoint, Sge,
+    WorkRequest,
 };
 
 /// How long closing a receive comm waits for the answers it wrote to reach the sender (an
@@ -60,13 +61,10 @@ struct FlushQp {
 }
 
 impl FlushQp {
-    fn new(
-        port: &PortContext,
-        gid: &GidEntry,
-        cq: &Arc<CompletionQueue>,
-        config: &Config,
-    ) -> Result<Self> {
-        let qp = QueuePair::new(&port.pd, cq, FLUSH_QP_CAPS)?;
+    fn new(port: &PortContext, gid: &GidEntry, share: &CqShare, config: &Config) -> Result<Self> {
+        let qp = QueuePair::new(&port.pd, share.cq(), FLUSH_QP_CAPS)?;
+        // Its completions are the comm's until the comm (and the share) goes.
+        share.adopt(qp.qpn());
         qp.to_init(
             port.port_num(),
             port.pkey_index,
@@ -207,10 +205,8 @@ impl RecvComm {
         for _ in 0..eager_pool {
             qps.qp(0).post_recv(WR_RECV)?;
         }
-        let pds = ctx.pds();
         let bounce_bytes = eager::ring_bytes(eager_bytes, bounce_slots) as usize;
-        let rings = HostRegion::new(
-            &pds,
+        let rings = ctx.carve(
             recv_rings_bytes(bounce_bytes),
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
@@ -540,7 +536,7 @@ impl RecvComm {
             .iter()
             .zip(&self.qps.cqs)
             .zip(&self.qps.gids)
-            .map(|((port, cq), gid)| FlushQp::new(port, gid, cq, &self.ctx.config))
+            .map(|((port, share), gid)| FlushQp::new(port, gid, share, &self.ctx.config))
             .collect()
     }
 

@@ -31,7 +31,7 @@ unsafe impl Send for CompletionQueue {}
 unsafe impl Sync for CompletionQueue {}
 
 /// One work completion, copied out of the CQ.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Completion {
     /// The work request's id.
     pub wr_id: u64,

@@ -178,6 +178,7 @@ const IBV_QPF_GRH_REQUIRED: u8 = 1;
 struct DeviceAttr {
     sys_image_guid: u64,
     max_qp: i32,
+    max_cqe: i32,
     phys_port_cnt: u8,
 }
 
@@ -258,6 +259,17 @@ impl Device {
         })
     }
 
+    /// The most entries one CQ of this device may have.
+    ///
+    /// # Errors
+    /// `System` when `ibv_query_device` fails.
+    pub fn max_cqe(&self) -> Result<u32> {
+        let attr = self
+            .query_device()
+            .map_err(|e| Error::system(format!("ibv_query_device on {} failed", self.name), e))?;
+        Ok(u32::try_from(attr.max_cqe).unwrap_or(0))
+    }
+
     fn query_device(&self) -> io::Result<DeviceAttr> {
         let context = self.raw.as_ptr();
         let query = |attr| {
@@ -269,6 +281,7 @@ impl Device {
         Ok(DeviceAttr {
             sys_image_guid: attr.sys_image_guid,
             max_qp: attr.max_qp,
+            max_cqe: attr.max_cqe,
             phys_port_cnt: attr.phys_port_cnt,
         })
     }

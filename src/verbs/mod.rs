@@ -13,12 +13,14 @@ mod events;
 mod netif;
 mod pd;
 mod qp;
+mod region;
 
 pub use cq::{Completion, CompletionQueue, OPCODE_RECV_RDMA_WITH_IMM};
 pub use device::{Device, Discovery, PortState, discover_ports};
 pub use events::{AsyncEvent, Epoll, EventFd};
 pub use netif::{InterfaceAddr, interface_addrs, peer_hung_up, set_listen_backlog};
-pub use pd::{Access, HostRegion, MemoryRegion, ProtectionDomain, reg_mr_iova2_available};
+pub use pd::{Access, MemoryRegion, ProtectionDomain, reg_mr_iova2_available};
 pub use qp::{
     Op, PathParams, PostRefused, QpCaps, QueuePair, RemoteEndpoint, SendChain, Sge, WorkRequest,
 };
+pub use region::{HostRegion, RegionPool};
