@@ -23,7 +23,7 @@ use crate::topology::{
     GidEntry, GidPolicy, LinkLayer, NetDevice, PORT_ACTIVE, SysfsRoot, VirtualDevice, choose_gid,
     configured_pkey, port_state_name, select_ib_gid,
 };
-use crate::verbs::{Access, Device, HostRegion, ProtectionDomain, RegionPool, interface_addrs};
+use crate::verbs::{Device, ProtectionDomain, RegionPool, interface_addrs};
 
 /// One NCCL device opened for connections.
 #[derive(Debug)]
@@ -41,7 +41,7 @@ pub struct DeviceContext {
     /// The listening socket its listen comms share, while any is open.
     door: Mutex<Weak<Door>>,
     /// The comms' control rings, carved from registrations they share.
-    rings: RegionPool,
+    pub(super) rings: RegionPool,
 }
 
 /// Comms that lose a path over the same member within this long share one WARN line: their
@@ -74,7 +74,7 @@ impl DeviceContext {
             path_logged: ports.iter().map(|_| AtomicU64::new(u64::MAX)).collect(),
             opened: Instant::now(),
             door: Mutex::new(Weak::new()),
-            rings: RegionPool::default(),
+            rings: RegionPool::new(ports.iter().map(|p| Arc::clone(&p.pd)).collect()),
             ports,
             config: config.clone(),
         }))
@@ -233,17 +233,6 @@ impl DeviceContext {
     /// Address the out-of-band listener binds: the first member's.
     pub fn oob_ip(&self) -> IpAddr {
         self.ports[0].oob_ip
-    }
-
-    /// The members' protection domains, in member order.
-    pub(super) fn pds(&self) -> Vec<Arc<ProtectionDomain>> {
-        self.ports.iter().map(|p| Arc::clone(&p.pd)).collect()
-    }
-
-    /// `len` zeroed bytes of control rings registered with `access` on every member (a piece
-    /// of a registration other comms' rings share).
-    pub(super) fn carve(&self, len: usize, access: Access) -> Result<HostRegion> {
-        self.rings.carve(&self.pds(), len, access)
     }
 }
 

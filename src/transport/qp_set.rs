@@ -40,7 +40,8 @@ impl Lane {
     }
 }
 
-/// The QPs of one connection, striped over the device's member ports, with one CQ per member.
+/// The QPs of one connection, striped over the device's member ports, with its room on one
+/// shared CQ per member.
 #[derive(Debug)]
 pub(super) struct QpSet {
     /// Per member, the comm's room on one of its shared CQs.

@@ -206,7 +206,7 @@ impl RecvComm {
             qps.qp(0).post_recv(WR_RECV)?;
         }
         let bounce_bytes = eager::ring_bytes(eager_bytes, bounce_slots) as usize;
-        let rings = ctx.carve(
+        let rings = ctx.rings.carve(
             recv_rings_bytes(bounce_bytes),
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;

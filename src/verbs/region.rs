@@ -70,9 +70,26 @@ struct Chunk {
 
 #[derive(Debug, Default)]
 struct FreePieces {
-    pieces: Vec<usize>,
+    /// Pieces given back by their regions (the rings they held are in them).
+    returned: Vec<usize>,
+    /// The first piece never handed out (as allocated: zero), up to `pieces`.
+    fresh: usize,
+    pieces: usize,
     /// It is on its pool's shelf.
     shelved: bool,
+}
+
+impl FreePieces {
+    /// A free piece, and whether a region had it before (so it must be zeroed).
+    fn take(&mut self) -> Option<(usize, bool)> {
+        if let Some(index) = self.returned.pop() {
+            return Some((index, true));
+        }
+        (self.fresh < self.pieces).then(|| {
+            self.fresh += 1;
+            (self.fresh - 1, false)
+        })
+    }
 }
 
 impl Chunk {
@@ -95,9 +112,11 @@ impl Chunk {
             mrs,
             buf,
             piece,
-            // Piece 0 goes to the caller; the others are taken from the end.
+            // Piece 0 goes to the caller.
             free: Mutex::new(FreePieces {
-                pieces: (1..pieces).rev().collect(),
+                returned: Vec::new(),
+                fresh: 1,
+                pieces,
                 shelved: false,
             }),
             shelf,
@@ -120,23 +139,28 @@ type Key = (usize, u32);
 type Shelves = HashMap<Key, (Vec<Weak<Chunk>>, usize)>;
 
 /// The control rings of one device's comms, carved from shared registrations.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RegionPool {
+    /// Every chunk is registered on each of them (a device's member ports).
+    pds: Vec<Arc<ProtectionDomain>>,
     shelves: Arc<Mutex<Shelves>>,
 }
 
 impl RegionPool {
+    /// A pool whose regions are registered on every PD of `pds`.
+    pub fn new(pds: Vec<Arc<ProtectionDomain>>) -> Self {
+        Self {
+            pds,
+            shelves: Arc::default(),
+        }
+    }
+
     /// `len` zeroed bytes (rounded up to whole pages) registered with `access` on every PD of
-    /// `pds` (the same PDs at every call): a free piece of an earlier allocation, or a new one.
+    /// the pool: a free piece of an earlier allocation, or a new one.
     ///
     /// # Errors
     /// `System` when allocation or a registration fails.
-    pub fn carve(
-        &self,
-        pds: &[Arc<ProtectionDomain>],
-        len: usize,
-        access: Access,
-    ) -> Result<HostRegion> {
+    pub fn carve(&self, len: usize, access: Access) -> Result<HostRegion> {
         let piece = len.max(1).div_ceil(PAGE) * PAGE;
         let key = (piece, access.bits());
         let mut shelves = self.shelves.lock();
@@ -144,9 +168,9 @@ impl RegionPool {
         while let Some(top) = shelf.last() {
             if let Some(chunk) = top.upgrade() {
                 let mut free = chunk.free.lock();
-                if let Some(index) = free.pieces.pop() {
+                if let Some((index, reused)) = free.take() {
                     drop(free);
-                    return Ok(HostRegion::piece_of(chunk, index, len));
+                    return Ok(HostRegion::piece_of(chunk, (index, reused), len));
                 }
                 free.shelved = false;
             }
@@ -154,7 +178,7 @@ impl RegionPool {
         }
         let pieces = next_pieces(*latest);
         let chunk = Arc::new(Chunk::new(
-            pds,
+            &self.pds,
             (piece, pieces),
             access,
             (Arc::downgrade(&self.shelves), key),
@@ -164,7 +188,7 @@ impl RegionPool {
             chunk.free.lock().shelved = true;
             shelf.push(Arc::downgrade(&chunk));
         }
-        Ok(HostRegion::piece_of(chunk, 0, len))
+        Ok(HostRegion::piece_of(chunk, (0, false), len))
     }
 }
 
@@ -201,16 +225,19 @@ impl HostRegion {
     pub fn new(pds: &[Arc<ProtectionDomain>], len: usize, access: Access) -> Result<Self> {
         let piece = len.max(1).div_ceil(PAGE) * PAGE;
         let chunk = Chunk::new(pds, (piece, 1), access, (Weak::new(), (0, 0)))?;
-        Ok(Self::piece_of(Arc::new(chunk), 0, len))
+        Ok(Self::piece_of(Arc::new(chunk), (0, false), len))
     }
 
-    /// Piece `index` of `chunk` (zeroed here: an earlier region may have used it), `len` bytes.
-    fn piece_of(chunk: Arc<Chunk>, index: usize, len: usize) -> Self {
+    /// Piece `index` of `chunk`, `len` bytes; zeroed here when an earlier region had it
+    /// (`reused`), as allocated otherwise.
+    fn piece_of(chunk: Arc<Chunk>, (index, reused): (usize, bool), len: usize) -> Self {
         // SAFETY: `index` is below the chunk's pieces, so the piece lies in its allocation.
         let base = unsafe { chunk.buf.ptr.add(index * chunk.piece) };
-        // SAFETY: the piece is this region's alone (taken off the free list), and no NIC
-        // writes it: the comm that had it destroyed its QPs before it gave the piece back.
-        unsafe { base.as_ptr().write_bytes(0, chunk.piece) };
+        if reused {
+            // SAFETY: the piece is this region's alone (taken off the free list), and no NIC
+            // writes it: the comm that had it destroyed its QPs before it gave the piece back.
+            unsafe { base.as_ptr().write_bytes(0, chunk.piece) };
+        }
         Self {
             chunk,
             index,
@@ -317,7 +344,7 @@ impl Drop for HostRegion {
     fn drop(&mut self) {
         let shelve = {
             let mut free = self.chunk.free.lock();
-            free.pieces.push(self.index);
+            free.returned.push(self.index);
             let shelve = !free.shelved;
             free.shelved = true;
             shelve

@@ -259,7 +259,7 @@ impl Connecting {
             0,
             (config.batch, config.port_failover),
         )?;
-        let rings = self.ctx.carve(
+        let rings = self.ctx.rings.carve(
             SEND_RINGS_BYTES,
             Access::LOCAL_WRITE.with(Access::REMOTE_WRITE),
         )?;
@@ -311,7 +311,7 @@ impl Connecting {
         // `core::proto`).
         let eager_staging = if layout.quiet {
             let ring = eager::ring_bytes(eager_bytes, layout.bounce_slots) as usize;
-            Some(self.ctx.carve(ring, Access::LOCAL_WRITE)?)
+            Some(self.ctx.rings.carve(ring, Access::LOCAL_WRITE)?)
         } else {
             None
         };
