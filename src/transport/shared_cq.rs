@@ -22,12 +22,14 @@ use parking_lot::Mutex;
 use crate::core::error::Result;
 use crate::verbs::{Completion, CompletionQueue, Device};
 
-/// Entries of a port's first CQ; each later one has twice the entries of the one before, up to
+/// Entries of a port's first CQ; each later one has twice the slots of the one before, up to
 /// [`MOST_ENTRIES`]: a process with one comm keeps a small CQ, one with thousands a few large.
-const FIRST_ENTRIES: u32 = 256;
-/// Entries of one CQ at most (or the device's limit): 1 MiB of 64-byte entries, the room of
+/// Every size is one less than a power of two: rxe and mlx5 give a CQ the next power of two
+/// above its entries in slots, so 256 entries would take 512 slots.
+const FIRST_ENTRIES: u32 = 255;
+/// Entries of one CQ at most (or the device's limit): 1 MiB of 64-byte slots, the room of
 /// about 350 send comms of one lane.
-const MOST_ENTRIES: u32 = 16_384;
+const MOST_ENTRIES: u32 = 16_383;
 
 /// The shared CQs of one member port.
 #[derive(Debug)]
@@ -129,7 +131,9 @@ impl CqPool {
 /// Entries of a pool's next CQ after one of `latest`, for a comm that needs `needed`.
 fn next_entries(latest: u32, needed: u32, most: u32) -> u32 {
     latest
+        .saturating_add(1)
         .saturating_mul(2)
+        .saturating_sub(1)
         .clamp(FIRST_ENTRIES.min(most), most)
         .max(needed)
 }
@@ -370,11 +374,18 @@ mod tests {
     }
 
     #[test]
-    fn cqs_grow_from_small_to_the_most_and_always_fit_the_comm() {
+    fn cqs_grow_from_small_to_the_most_fill_their_slots_and_always_fit_the_comm() {
         assert_eq!(next_entries(0, 47, MOST_ENTRIES), FIRST_ENTRIES);
-        assert_eq!(next_entries(256, 47, MOST_ENTRIES), 512);
+        assert_eq!(next_entries(255, 47, MOST_ENTRIES), 511);
+        assert_eq!(next_entries(8_191, 47, MOST_ENTRIES), MOST_ENTRIES);
         assert_eq!(next_entries(MOST_ENTRIES, 47, MOST_ENTRIES), MOST_ENTRIES);
-        assert_eq!(next_entries(256, 20_000, MOST_ENTRIES), 20_000);
+        assert_eq!(next_entries(255, 20_000, MOST_ENTRIES), 20_000);
+        // Every size fills the power of two of slots the providers round a CQ up to.
+        let mut size = 0;
+        while size < MOST_ENTRIES {
+            size = next_entries(size, 47, MOST_ENTRIES);
+            assert!((size + 1).is_power_of_two(), "{size}");
+        }
         // A device whose CQs are smaller than the first size.
         assert_eq!(next_entries(0, 47, 128), 128);
     }

@@ -17,9 +17,10 @@ use crate::core::error::{Error, Result};
 
 const PAGE: usize = 4096;
 
-/// Pieces of a pool's first allocation of a size; each later one has twice the pieces of the
-/// one before, up to [`MOST_PIECES`]: a process with one comm pins one ring, one with
-/// thousands pins at most one allocation's worth more than its rings.
+/// Pieces of a pool's first allocation of a size; each later one has a quarter more pieces than
+/// the one before (rounded up), up to [`MOST_PIECES`]: a process with one comm pins one ring,
+/// one with thousands at most a quarter more than its rings (doubling would pin up to twice
+/// them) or one allocation's worth.
 const FIRST_PIECES: usize = 1;
 /// Pieces of one allocation at most (64 receive rings of 52 KiB with the defaults: 3.3 MiB).
 const MOST_PIECES: usize = 64;
@@ -194,7 +195,9 @@ impl RegionPool {
 
 /// Pieces of the next chunk after one of `latest`.
 fn next_pieces(latest: usize) -> usize {
-    latest.saturating_mul(2).clamp(FIRST_PIECES, MOST_PIECES)
+    latest
+        .saturating_add(latest.div_ceil(4))
+        .clamp(FIRST_PIECES, MOST_PIECES)
 }
 
 /// Zeroed host memory owned by the plugin and registered on one PD per member port of a device:
@@ -365,10 +368,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn chunks_double_from_one_piece_up_to_the_most() {
+    fn chunks_grow_by_a_quarter_from_one_piece_up_to_the_most() {
         assert_eq!(next_pieces(0), 1);
         assert_eq!(next_pieces(1), 2);
-        assert_eq!(next_pieces(32), 64);
+        assert_eq!(next_pieces(4), 5);
+        assert_eq!(next_pieces(5), 7);
+        assert_eq!(next_pieces(48), 60);
+        assert_eq!(next_pieces(60), MOST_PIECES);
         assert_eq!(next_pieces(MOST_PIECES), MOST_PIECES);
     }
 }
