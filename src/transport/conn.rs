@@ -119,13 +119,6 @@ pub(super) const fn recv_qp_caps(eager_pool: usize) -> QpCaps {
 pub(super) fn eager_receive_pool(eager_bytes: u64, bounce_slots: usize) -> usize {
     if eager_bytes > 0 { bounce_slots } else { 0 }
 }
-/// A receive comm's flush QPs, built at its first `iflush`: one read per flush in flight, no
-/// receives.
-pub(super) const FLUSH_QP_CAPS: QpCaps = QpCaps {
-    max_send_wr: SLOTS as u32,
-    max_recv_wr: 0,
-    max_inline: 0,
-};
 
 /// Whether a connection with `eager_bytes` agreed uses quiet receives (`core::proto`): when
 /// both sides offer them (`NCCL_NET_RS_QUIET`).
@@ -169,10 +162,10 @@ impl ConnectionMemory {
     }
 }
 
-/// Entries of a comm's CQ on a member that `lanes` QPs of `caps` may use, plus `extra` (a
-/// flush QP's reads). Both sides of the estimate and `QpSet::new` size CQs by this.
-pub(super) fn cq_entries(caps: QpCaps, lanes: u32, extra: u32) -> u32 {
-    (caps.max_send_wr + caps.max_recv_wr) * lanes + extra + 16
+/// Entries of a comm's CQ on a member that `lanes` QPs of `caps` may use. Both sides of the
+/// estimate and `QpSet::new` size CQs by this.
+pub(super) fn cq_entries(caps: QpCaps, lanes: u32) -> u32 {
+    (caps.max_send_wr + caps.max_recv_wr) * lanes + 16
 }
 
 /// The lanes of a connection of `lanes` over `members` members whose completions member `m`'s
@@ -187,18 +180,10 @@ pub(super) fn lanes_on_cq(m: usize, lanes: usize, members: usize, movable: bool)
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-/// Room a receive comm's CQs keep for the reads of its flush QPs (built at its first `iflush`).
-pub(super) fn flush_cq_room(config: &Config) -> u32 {
-    if config.flush_enabled {
-        FLUSH_QP_CAPS.max_send_wr
-    } else {
-        0
-    }
-}
-
 /// [`ConnectionMemory`] of a connection on a device of `members` ports whose provider keeps
-/// queues as `memory` says. A receive comm's flush QPs and scratch, built at its first `iflush`
-/// (receives into GPU memory), and NCCL's own staging buffers come on top.
+/// queues as `memory` says. The process's flush QPs (one per member port, built at the first
+/// `iflush`, which NCCL makes for receives into GPU memory) and NCCL's own staging buffers
+/// come on top, once per process.
 pub fn connection_memory(config: &Config, members: usize, memory: QueueMemory) -> ConnectionMemory {
     let region = |bytes: usize| (bytes as u64).div_ceil(PAGE) * PAGE;
     let lanes = members * config.qps_per_connection as usize;
@@ -218,8 +203,8 @@ pub fn connection_memory(config: &Config, members: usize, memory: QueueMemory) -
     let cqs: u64 = (0..members)
         .map(|m| {
             let here = lanes_on_cq(m, lanes, members, config.port_failover);
-            memory.cq_share_bytes(cq_entries(SEND_QP_CAPS, here, 0))
-                + memory.cq_share_bytes(cq_entries(recv_caps, here, flush_cq_room(config)))
+            memory.cq_share_bytes(cq_entries(SEND_QP_CAPS, here))
+                + memory.cq_share_bytes(cq_entries(recv_caps, here))
         })
         .sum();
     let qps = lanes as u64 * (memory.qp_bytes(SEND_QP_CAPS) + memory.qp_bytes(recv_caps));
@@ -241,7 +226,6 @@ pub(super) const CTS_SIGNAL_EVERY: u64 = (SLOTS / 4) as u64;
 /// `wr_id` kinds (top byte); the low bits carry a slot or flush index.
 pub(super) const WR_SEND_DONE: u64 = 1 << 56;
 pub(super) const WR_CTS: u64 = 2 << 56;
-pub(super) const WR_FLUSH: u64 = 3 << 56;
 pub(super) const WR_RECV: u64 = 4 << 56;
 pub(super) const WR_DATA: u64 = 5 << 56;
 /// A receive comm's last write at close, behind its answers (see `RecvComm`'s drop).
@@ -595,7 +579,6 @@ fn wr_kind_name(wr_id: u64) -> &'static str {
         WR_SEND_DONE => "RDMA write-with-immediate (end of a send)",
         WR_DATA => "RDMA write (payload)",
         WR_CTS => "RDMA write (clear-to-send)",
-        WR_FLUSH => "RDMA read (flush)",
         WR_RECV => "receive (write-with-immediate from the peer)",
         _ => "work request",
     }
@@ -760,11 +743,11 @@ mod tests {
         assert_eq!(mlx5.registered, (5 + 13) * PAGE);
         // mlx5: the send QP 31 x 256-byte entries (8 KiB), no receive queue, 2 pages; the
         // receive QP 31 x 256-byte entries (the CTS from staging, not inline) and 32 + 8
-        // receives (1 KiB), 3 pages; room for 47 and 119 completions on the shared CQs, 64
+        // receives (1 KiB), 3 pages; room for 47 and 87 completions on the shared CQs, 64
         // bytes each.
         let cq_entry = 64;
-        assert_eq!(mlx5.queues, (2 + 3) * PAGE + (47 + 119) * cq_entry);
-        assert_eq!(mlx5.pinned(), (18 + 5) * PAGE + (47 + 119) * cq_entry);
+        assert_eq!(mlx5.queues, (2 + 3) * PAGE + (47 + 87) * cq_entry);
+        assert_eq!(mlx5.pinned(), (18 + 5) * PAGE + (47 + 87) * cq_entry);
         // rxe keeps its queues in kernel memory: only the rings count against memlock.
         let rxe = connection_memory(&config, 1, QueueMemory::Kernel);
         assert_eq!(rxe.pinned(), 18 * PAGE);
@@ -794,7 +777,7 @@ mod tests {
         assert_eq!(two.registered, 2 * (5 + 5) * PAGE);
         // Receive QPs: 32 receives, no eager pool.
         let qps = 4 * (2 + 3) * PAGE;
-        // Room on each member's shared CQs: 4 x 31 + 16 = 140 and 4 x 63 + 32 + 16 = 300.
-        assert_eq!(two.queues, qps + 2 * (140 + 300) * cq_entry);
+        // Room on each member's shared CQs: 4 x 31 + 16 = 140 and 4 x 63 + 16 = 268.
+        assert_eq!(two.queues, qps + 2 * (140 + 268) * cq_entry);
     }
 }

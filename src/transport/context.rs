@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::door::Door;
+use super::flush::PortFlush;
 use super::health::DeviceHealth;
 use super::mr::MrCache;
 use super::oob::{OobSettings, choose_oob_address};
@@ -264,6 +265,8 @@ pub struct PortContext {
     pub(super) mrs: Mutex<MrCache>,
     /// The CQs the comms on this port share.
     pub(super) cqs: CqPool,
+    /// The loopback QP every receive comm on this port flushes through.
+    pub(super) flush: PortFlush,
     /// Data registrations carry relaxed ordering; cleared for good when the driver refuses it.
     pub(super) relaxed_ordering: AtomicBool,
     /// What the device's asynchronous events said.
@@ -346,6 +349,7 @@ impl PortContext {
             oob_ip: oob.addr,
             mrs: Mutex::new(MrCache::default()),
             cqs,
+            flush: PortFlush::default(),
             relaxed_ordering: AtomicBool::new(relaxed_ordering),
             health,
         })

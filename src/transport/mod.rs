@@ -11,6 +11,7 @@ mod conn;
 mod context;
 mod door;
 mod failover;
+mod flush;
 mod health;
 mod held;
 mod listen;

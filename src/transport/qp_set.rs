@@ -59,15 +59,13 @@ pub(super) struct QpSet {
 impl QpSet {
     /// Create `n` QPs in INIT with `access` rights for the peer, QP `i` on member
     /// `i % members` (which uses `gids[i % members]`) towards the peer's member
-    /// `i % remote_members`, plus room in each CQ for `extra` more
-    /// work requests (a flush QP). With `movable`, each CQ has room for every lane, as
+    /// `i % remote_members`. With `movable`, each CQ has room for every lane, as
     /// failover may move any lane to any member. `holds`: the lanes' queues may hold posts.
     pub(super) fn new(
         ctx: &DeviceContext,
         gids: Vec<GidEntry>,
         (n, remote_members): (usize, usize),
         (caps, access): (QpCaps, Access),
-        extra: u32,
         (holds, movable): (bool, bool),
     ) -> Result<Self> {
         let members = ctx.ports.len();
@@ -77,7 +75,7 @@ impl QpSet {
             .enumerate()
             .map(|(m, port)| {
                 let here = lanes_on_cq(m, n, members, movable);
-                port.cqs.share(cq_entries(caps, here, extra))
+                port.cqs.share(cq_entries(caps, here))
             })
             .collect::<Result<Vec<_>>>()?;
         let mut set = Self {

@@ -7,31 +7,29 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
+use super::DeviceContext;
 use super::conn::{
-    CTS_SIGNAL_EVERY, FLUSH_QP_CAPS, Failure, Nonces, SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS,
-    WR_DRAIN, WR_FLUSH, WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, bounce_slots, check_alive,
-    check_peer, completion_error, describe_eager, describe_local, describe_remote,
-    eager_receive_pool, failover_agreed, flush_cq_room, local_hello, path_params, quiet_receives,
-    recv_qp_caps, recv_rings_bytes, recv_staging_at,
+    CTS_SIGNAL_EVERY, Failure, Nonces, SIZES_RING_BYTES, SIZES_SLOT_BYTES, WR_CTS, WR_DRAIN,
+    WR_INDEX_MASK, WR_RECV, agreed_eager_bytes, bounce_slots, check_alive, check_peer,
+    completion_error, describe_eager, describe_local, describe_remote, eager_receive_pool,
+    failover_agreed, local_hello, quiet_receives, recv_qp_caps, recv_rings_bytes, recv_staging_at,
 };
 use super::failover::{Failover, Repairing, log_failover};
+use super::flush::FlushTicket;
 use super::health::DeviceHealth;
-use super::held::{self, PostQueue};
+use super::held::{self};
 use super::mr::MrHandle;
 use super::peer_link::{PeerState, Watched};
 use super::profile::{Events, Parent, QpEvent};
 use super::qp_set::QpSet;
 use super::quiet_wait::QuietWait;
 use super::recv_writes::empty_write;
-use super::shared_cq::CqShare;
 use super::watch::{ClientProgress, Tend, Tick, busy_tick};
-use super::{DeviceContext, PortContext};
-use crate::core::config::{Config, Traffic};
+use crate::core::config::Traffic;
 use crate::core::eager::{self, Announced};
-use crate::core::error::{Error, Result};
+use crate::core::error::{Error, Kind, Result};
 use crate::core::group::Group;
 use crate::core::proto::{
     AnswerReads, Arrived, CtsLayout, EagerCopy, EagerHeader, Layout, RecvBuf, RecvDone, RecvSide,
@@ -39,11 +37,7 @@ use crate::core::proto::{
 };
 use crate::core::repair::LeadRepair;
 use crate::core::wire::{Hello, Role};
-use crate::topology::GidEntry;
-use crate::verbs::{
-    Access, Completion, HostRegion, OPCODE_RECV_RDMA_WITH_IMM, Op, QueuePair, RemoteEndpoint, Sge,
-    WorkRequest,
-};
+use crate::verbs::{Access, Completion, HostRegion, OPCODE_RECV_RDMA_WITH_IMM};
 
 /// How long closing a receive comm waits for the answers it wrote to reach the sender (an
 /// acknowledgement may be the only thing the sender's last request waits for).
@@ -52,55 +46,19 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 /// Requests a receive comm can have in flight: one per slot, plus as many flushes.
 pub const RECV_REQUESTS: usize = 2 * SLOTS;
 
-/// A QP connected to itself: an RDMA read through it cannot pass the NIC's earlier writes into
-/// the receive buffers, so its completion proves the data is visible (to a GPU too).
-#[derive(Debug)]
-struct FlushQp {
-    posts: PostQueue,
-    scratch: HostRegion,
-}
-
-impl FlushQp {
-    fn new(port: &PortContext, gid: &GidEntry, share: &CqShare, config: &Config) -> Result<Self> {
-        let qp = QueuePair::new(&port.pd, share.cq(), FLUSH_QP_CAPS)?;
-        // Its completions are the comm's until the comm (and the share) goes.
-        share.adopt(qp.qpn());
-        qp.to_init(
-            port.port_num(),
-            port.pkey_index,
-            Access::LOCAL_WRITE.with(Access::REMOTE_READ),
-        )?;
-        let own = port.endpoint(gid, 0);
-        let path = path_params(port, gid, config, &own, Traffic::default());
-        qp.to_rtr(
-            &RemoteEndpoint {
-                qpn: qp.qpn(),
-                gid: own.gid,
-            },
-            &path,
-        )?;
-        qp.to_rts(&path)?;
-        let scratch = HostRegion::new(std::slice::from_ref(&port.pd), 64, Access::LOCAL_WRITE)?;
-        Ok(Self {
-            posts: PostQueue::new(Arc::new(qp), false),
-            scratch,
-        })
-    }
-}
-
 /// A request `test` found complete.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Finished {
     Recv(RecvDone),
-    Flush,
+    /// A flush, and why one of its reads failed.
+    Flush(std::result::Result<(), String>),
 }
 
-/// A flush in progress: how many members' reads are still outstanding.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+/// A flush slot: free, or the reads of a flush in flight.
+#[derive(Clone, Debug)]
 enum FlushSlot {
     Free,
-    Pending(usize),
-    Done,
+    Pending(Arc<FlushTicket>),
 }
 
 #[derive(Debug)]
@@ -130,9 +88,6 @@ pub struct RecvComm {
     pub(super) qps: QpSet,
     /// What its QPs use (a lane's new QP too).
     pub(super) traffic: Traffic,
-    /// One loopback QP per member, built at the first `iflush` (NCCL flushes only receives
-    /// into GPU memory: a comm of host buffers never needs them).
-    flush: OnceCell<Vec<FlushQp>>,
     /// Where the sender reads the entries (the ring's layout).
     pub(super) cts_layout: CtsLayout,
     /// One registration: the sizes ring, the eager bounce ring when the connection uses one,
@@ -189,7 +144,6 @@ impl RecvComm {
                 recv_qp_caps(eager_pool),
                 Access::REMOTE_WRITE.with(Access::REMOTE_READ),
             ),
-            flush_cq_room(&ctx.config),
             (ctx.config.batch, ctx.config.port_failover),
         )?;
         // The sender chose traffic class and service level; the CTS direction uses the same,
@@ -251,7 +205,6 @@ impl RecvComm {
             ctx: Arc::clone(ctx),
             qps,
             traffic,
-            flush: OnceCell::new(),
             cts_layout: CtsLayout::with_peer(remote.revision),
             rings,
             staging_at: recv_staging_at(bounce_bytes),
@@ -471,8 +424,9 @@ impl RecvComm {
     }
 
     /// Make received data visible: one RDMA read of the last non-empty buffer through every
-    /// member's flush QP (the data may have arrived through any of them). `Ok(None)` when there
-    /// is nothing to flush (NCCL treats that as done).
+    /// member's flush QP (the data may have arrived through any of them; the QP is the port's,
+    /// shared by its receive comms, see `flush`). `Ok(None)` when there is nothing to flush
+    /// (NCCL treats that as done).
     ///
     /// # Errors
     /// A failed comm's error; `Misuse` when more flushes are in flight than slots.
@@ -485,39 +439,23 @@ impl RecvComm {
         };
         let mut st = self.state.lock();
         st.failed.check_posting()?;
-        let Some(k) = st.flushes.iter().position(|f| *f == FlushSlot::Free) else {
+        let Some(k) = st.flushes.iter().position(|f| matches!(f, FlushSlot::Free)) else {
             return Err(Error::misuse(format!(
                 "more than {SLOTS} flushes in flight"
             )));
         };
-        let flush = self
-            .flush
-            .get_or_try_init(|| self.build_flush_qps())
-            .map_err(|e| st.failed.record(e))?;
         let rkeys = mr.rkeys();
+        let ticket = FlushTicket::new();
         let mut posted = 0;
-        for (member, flush) in flush.iter().enumerate() {
-            if st.failover.is_some() && self.ctx.ports[member].is_down() {
+        for (member, port) in self.ctx.ports.iter().enumerate() {
+            if st.failover.is_some() && port.is_down() {
                 // Its lanes moved to the members left, whose reads flush what they carried.
                 continue;
             }
-            let wr = WorkRequest {
-                wr_id: WR_FLUSH | k as u64,
-                op: Op::Read,
-                local: Sge {
-                    addr: flush.scratch.addr(0),
-                    len: 1,
-                    lkey: flush.scratch.mr(0).lkey(),
-                },
-                tail: Sge::default(),
-                remote_addr: addr,
-                rkey: rkeys[member],
-                signaled: true,
-                cpu_readable: true,
-            };
-            // SAFETY: the scratch region lives as long as the comm; the read source is a
-            // registered receive buffer NCCL keeps alive until this request completes.
-            if let Err(e) = unsafe { flush.posts.post_one(&wr) } {
+            let read = port
+                .flush
+                .read(port, &self.ctx.config, &ticket, (addr, rkeys[member]));
+            if let Err(e) = read {
                 return Err(st.failed.record(e));
             }
             posted += 1;
@@ -525,19 +463,16 @@ impl RecvComm {
         if posted == 0 {
             return Ok(None);
         }
-        st.flushes[k] = FlushSlot::Pending(posted);
+        st.flushes[k] = FlushSlot::Pending(ticket);
         Ok(Some(SLOTS + k))
     }
 
-    /// The flush QPs, one per member, on the comm's CQs (which have room for their reads).
-    fn build_flush_qps(&self) -> Result<Vec<FlushQp>> {
+    /// Count down the flushes of every member's flush QP (this comm's and others').
+    fn progress_flushes(&self) -> Result<()> {
         self.ctx
             .ports
             .iter()
-            .zip(&self.qps.cqs)
-            .zip(&self.qps.gids)
-            .map(|((port, share), gid)| FlushQp::new(port, gid, share, &self.ctx.config))
-            .collect()
+            .try_for_each(|port| port.flush.progress(port, &self.ctx.config))
     }
 
     /// Poll request `index`: `Some(sizes)` (one per buffer; empty for a flush) when done.
@@ -551,6 +486,11 @@ impl RecvComm {
             Some(f) => f,
             None => {
                 self.progress(&mut st)?;
+                if index >= SLOTS
+                    && let Err(e) = self.progress_flushes()
+                {
+                    return Err(st.failed.record(e));
+                }
                 let Some(f) = self.finished(&st, index)? else {
                     if let Err(e) = self.check_alive() {
                         return Err(st.failed.record(e));
@@ -560,6 +500,15 @@ impl RecvComm {
                 f
             }
         };
+        if let Finished::Flush(Err(why)) = &finished
+            && !(st.failover.is_some() && self.ctx.ports.iter().any(|p| p.is_down()))
+        {
+            // (With failover, a read through a member that went down flushed nothing the
+            // members left did not carry.)
+            st.flushes[index - SLOTS] = FlushSlot::Free;
+            let e = Error::new(Kind::System, why.clone());
+            return Err(st.failed.record(e));
+        }
         Ok(Some(self.take(&mut st, index, finished)))
     }
 
@@ -576,8 +525,7 @@ impl RecvComm {
             return Ok(st.proto.poll_done(index).map(Finished::Recv));
         };
         match st.flushes.get(k) {
-            Some(FlushSlot::Done) => Ok(Some(Finished::Flush)),
-            Some(FlushSlot::Pending(_)) => Ok(None),
+            Some(FlushSlot::Pending(ticket)) => Ok(ticket.done().map(Finished::Flush)),
             _ => Err(Error::misuse(format!(
                 "test on flush request {k} that is not in flight"
             ))),
@@ -587,7 +535,7 @@ impl RecvComm {
     /// The sizes of finished request `index`, which is then free again.
     fn take(&self, st: &mut RecvState, index: usize, finished: Finished) -> Sizes {
         let done = match finished {
-            Finished::Flush => {
+            Finished::Flush(_) => {
                 st.flushes[index - SLOTS] = FlushSlot::Free;
                 return Sizes::Group(Group::default());
             }
@@ -679,7 +627,7 @@ impl RecvComm {
             && let Some(f) = st.failover.as_deref_mut()
         {
             // A QP of no lane is an old one replaced after its drain: what it still reports
-            // (a late flush) says nothing.
+            // says nothing.
             let Some(lane) = self.qps.index_of(member, c.qp_num) else {
                 return Ok(());
             };
@@ -713,16 +661,6 @@ impl RecvComm {
             }
             WR_CTS => {
                 st.answers.completed(c.wr_id & WR_INDEX_MASK);
-                Ok(())
-            }
-            WR_FLUSH => {
-                let k = usize::try_from(c.wr_id & WR_INDEX_MASK).unwrap_or(usize::MAX);
-                if let Some(f) = st.flushes.get_mut(k) {
-                    *f = match *f {
-                        FlushSlot::Pending(n) if n > 1 => FlushSlot::Pending(n - 1),
-                        _ => FlushSlot::Done,
-                    };
-                }
                 Ok(())
             }
             _ => Ok(()),

@@ -258,6 +258,58 @@ fn flush_after_receive(cx: &mut Cx) {
     }
 }
 
+/// The receive comms of a process flush through one QP per port (pins the plugin's own design:
+/// NCCL's transport builds a flush QP per comm, `ncclIbIflush` reads through it): three comms
+/// in one process with 32 flushes each in flight, 96 reads against the port QP's 63, so reads
+/// wait for room and one comm's `test` counts down another's; every flush completes, each
+/// once, and every byte arrived.
+fn flushes_of_many_comms_share_their_port(cx: &mut Cx) {
+    const COMMS: usize = 3;
+    const FLUSHES: usize = 32;
+    const SIZE: usize = 4096;
+    let pairs: Vec<_> = (0..COMMS)
+        .map(|_| {
+            let (handle, lc) = cx.net.listen(cx.dev);
+            let pair = cx.net.connect_and_accept(cx.dev, &handle, lc);
+            cx.net.close_listen(lc);
+            pair
+        })
+        .collect();
+    cx.net.close_listen(cx.lc);
+    let mut received: Vec<Vec<u8>> = (0..COMMS).map(|_| vec![0u8; SIZE]).collect();
+    let mut recv_mrs = Vec::new();
+    for (i, (&(sc, rc), buf)) in pairs.iter().zip(&mut received).enumerate() {
+        let mh = cx.net.reg_mr(rc, buf);
+        let req = cx.net.irecv(rc, &[(buf.as_mut_ptr(), SIZE, 0, mh)]);
+        send_each(&cx.net, sc, &[(10 + i as u64, SIZE)], 0);
+        assert_eq!(cx.net.wait(req)[0], SIZE as i32);
+        recv_mrs.push(mh);
+    }
+    let flushes: Vec<_> = (0..FLUSHES)
+        .flat_map(|_| 0..COMMS)
+        .map(|i| {
+            let (rc, buf) = (pairs[i].1, &mut received[i]);
+            let req = cx
+                .net
+                .iflush(rc, &[(buf.as_mut_ptr(), SIZE as i32, recv_mrs[i])]);
+            assert!(!req.is_null(), "a flush of received data returns a request");
+            req
+        })
+        .collect();
+    // Wait for the last comm's flushes first: the reads of the others come back meanwhile.
+    for &req in flushes.iter().rev() {
+        cx.net.wait(req);
+    }
+    for (i, buf) in received.iter().enumerate() {
+        assert!(*buf == pattern(10 + i as u64, SIZE), "comm {i}'s bytes");
+    }
+    for (&(sc, rc), mh) in pairs.iter().zip(recv_mrs) {
+        cx.net.dereg_mr(rc, mh);
+        cx.net.close_recv(rc);
+        cx.net.close_send(sc);
+    }
+}
+
 fn close_with_requests_in_flight(cx: &mut Cx) {
     if cx.rank == 0 {
         let rc = cx.accept_pair();
@@ -723,6 +775,12 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         name: "flush_after_receive",
         ranks: 2,
         run: flush_after_receive,
+        env: &[],
+    },
+    Scenario {
+        name: "flushes_of_many_comms_share_their_port",
+        ranks: 1,
+        run: flushes_of_many_comms_share_their_port,
         env: &[],
     },
     Scenario {

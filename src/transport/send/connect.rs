@@ -256,7 +256,6 @@ impl Connecting {
             self.ctx.current_gids(),
             (nqps, usize::from(self.handle.members)),
             (SEND_QP_CAPS, Access::REMOTE_WRITE),
-            0,
             (config.batch, config.port_failover),
         )?;
         let rings = self.ctx.rings.carve(
