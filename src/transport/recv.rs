@@ -19,7 +19,7 @@ use super::conn::{
 use super::failover::{Failover, Repairing, log_failover};
 use super::flush::FlushTicket;
 use super::health::DeviceHealth;
-use super::held::{self};
+use super::held;
 use super::mr::MrHandle;
 use super::peer_link::{PeerState, Watched};
 use super::profile::{Events, Parent, QpEvent};
